@@ -1,0 +1,57 @@
+/* SPDX-License-Identifier: Apache-2.0
+ *
+ * auth.h - SHA-256 (FIPS 180-4), HMAC-SHA-256 (RFC 2104) and the challenge-response used by
+ * the TCP store and the TCP transport. Written from the standards.
+ *
+ * Challenge-response (the key never crosses the wire):
+ *   each side sends a fresh 32-byte random nonce; each side then proves knowledge of the key
+ *   by sending HMAC(key, role || own_nonce || peer_nonce || context), where role separates the
+ *   two directions so a proof cannot be reflected back; each side checks the peer's proof in
+ *   constant time.
+ */
+#ifndef XCCL_CORE_AUTH_H
+#define XCCL_CORE_AUTH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "xccl/xccl.h"
+
+#define XCCL_SHA256_LEN 32
+#define XCCL_NONCE_LEN  32
+
+typedef struct xccl_sha256 {
+    uint32_t h[8];
+    uint64_t nbytes;
+    uint8_t  buf[64];
+    size_t   buflen;
+} xccl_sha256_t;
+
+void xccl_sha256_init(xccl_sha256_t *s);
+void xccl_sha256_update(xccl_sha256_t *s, const void *data, size_t len);
+void xccl_sha256_final(xccl_sha256_t *s, uint8_t out[XCCL_SHA256_LEN]);
+void xccl_sha256(const void *data, size_t len, uint8_t out[XCCL_SHA256_LEN]);
+
+void xccl_hmac_sha256(const void *key, size_t keylen, const void *msg, size_t msglen,
+                      uint8_t out[XCCL_SHA256_LEN]);
+
+/* Fills buf with cryptographically random bytes (getrandom). */
+xccl_status_t xccl_random_bytes(void *buf, size_t len);
+
+/* Constant-time comparison: 1 if equal. */
+int xccl_ct_equal(const void *a, const void *b, size_t len);
+
+/* proof = HMAC(key, role(1 byte) || nonce_self || nonce_peer || context). */
+void xccl_auth_proof(const void *key, size_t keylen, uint8_t role,
+                     const uint8_t nonce_self[XCCL_NONCE_LEN],
+                     const uint8_t nonce_peer[XCCL_NONCE_LEN], const void *context,
+                     size_t contextlen, uint8_t proof[XCCL_SHA256_LEN]);
+
+/* Runs the whole challenge-response on a connected blocking-mode socket, up to deadline_ms
+ * (xccl_now_ms() clock). `is_server` selects the role byte. `context` binds the proof to the
+ * purpose ("xccl-store", "xccl-tcp/<job id>"). Returns XCCL_ERR_AUTH if the peer's proof is
+ * wrong, XCCL_ERR_TIMEOUT / XCCL_ERR_REMOTE on I/O trouble. */
+xccl_status_t xccl_auth_handshake(int fd, const void *key, size_t keylen, int is_server,
+                                  const char *context, int64_t deadline_ms);
+
+#endif /* XCCL_CORE_AUTH_H */

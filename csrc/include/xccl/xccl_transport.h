@@ -1,0 +1,155 @@
+/* SPDX-License-Identifier: Apache-2.0
+ *
+ * xccl_transport.h - the transport ABI: what a transport (tcp, shm, cuda_ipc, ibverbs) provides
+ * to the core, and what the core provides back. Transports move messages between processes;
+ * they never know what a collective is. The core does tag matching, so any-source receives,
+ * mismatch checks and unexpected messages work the same over every transport.
+ *
+ * Model
+ *   A message is a fixed header (xccl_msg_hdr_t) followed by hdr.nbytes of payload. Messages
+ *   from one peer are delivered in the order they were posted to that peer. On the receive side
+ *   the transport hands each header to the core (upcall recv_match); the core answers with the
+ *   destination buffer (a posted receive's buffer, or a staging buffer for an unexpected message)
+ *   and the transport writes the payload there, then calls recv_done. A transport may deliver the
+ *   payload any way it likes: streamed from a socket, copied from a shared-memory ring, pulled
+ *   with process_vm_readv or an RDMA read after the match, etc.
+ *
+ * Threading
+ *   A transport context is driven by one thread at a time: the core serialises every call into
+ *   a context (and every upcall out of it) under its own lock. Only `wait` is called without
+ *   that lock and may run concurrently with other calls; it must only sleep.
+ *
+ * Versioning
+ *   abi_version must equal XCCL_TRANSPORT_ABI_VERSION. New entries are appended; optional
+ *   entries may be NULL.
+ */
+#ifndef XCCL_TRANSPORT_H
+#define XCCL_TRANSPORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "xccl/xccl.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define XCCL_TRANSPORT_ABI_VERSION 1
+#define XCCL_TP_ADDR_MAX           256 /* bytes of address blob per rank and transport */
+
+/* Wire header of every message (host byte order; peers are assumed to share endianness, which
+ * the TCP handshake verifies). 32 bytes. */
+typedef struct xccl_msg_hdr {
+    uint64_t comm_id; /* communicator the message belongs to                                */
+    uint64_t tag;     /* match key within the communicator (see csrc/core/tags.h)            */
+    uint64_t fp;      /* fingerprint of the call that sent it (0 for point-to-point)         */
+    uint64_t nbytes;  /* payload bytes that follow                                           */
+} xccl_msg_hdr_t;
+
+/* Memory kinds a buffer can live in. */
+typedef enum xccl_mem_type {
+    XCCL_MEM_HOST = 0,
+    XCCL_MEM_CUDA = 1,
+} xccl_mem_type_t;
+
+/* A buffer as the core hands it to a transport. `mr` is the transport's registration handle
+ * for transports with XCCL_TP_CAP_NEEDS_REG (NULL otherwise, or when not registered yet). */
+typedef struct xccl_tp_buf {
+    void           *ptr;
+    xccl_mem_type_t mem;
+    void           *mr;
+} xccl_tp_buf_t;
+
+/* What the core knows about a process, exchanged through the store before wire-up. */
+typedef struct xccl_peer_info {
+    uint64_t host_id; /* equal on the same host and kernel (boot id + hostname hash)         */
+    int32_t  pid;
+    int32_t  cuda_dev; /* -1 without a GPU                                                   */
+    uint64_t ipc_ns;   /* IPC namespace inode: shared memory is usable only when equal       */
+} xccl_peer_info_t;
+
+/* Calls from a transport back into the core. All are made from inside `progress`, `isend`
+ * or `wireup`, with the core's lock held; they never block. */
+typedef struct xccl_tp_upcalls {
+    void *core;
+    /* A header from `peer` arrived. On XCCL_OK, *dst says where the hdr->nbytes of payload go
+     * (dst->ptr may be NULL only when nbytes is 0); *cookie is passed to recv_done. A negative
+     * status means the message is refused (the transport drops the payload and reports the
+     * peer as failed). */
+    xccl_status_t (*recv_match)(void *core, int peer, const xccl_msg_hdr_t *hdr,
+                                xccl_tp_buf_t *dst, void **cookie);
+    /* The payload of a matched message is in place (st == XCCL_OK) or will never arrive. */
+    void (*recv_done)(void *core, void *cookie, xccl_status_t st);
+    /* A send posted with isend has left the buffer (st == XCCL_OK; the buffer may be reused)
+     * or has failed. */
+    void (*send_done)(void *core, void *cookie, xccl_status_t st);
+    /* The connection to `peer` broke. `why` names the cause. Sends to and receives from that
+     * peer still pending in the transport are failed through send_done/recv_done first. */
+    void (*peer_failed)(void *core, int peer, xccl_status_t st, const char *why);
+} xccl_tp_upcalls_t;
+
+typedef struct xccl_tp_init_params {
+    int                      rank;   /* rank in the context (the world communicator)        */
+    int                      size;
+    uint64_t                 job_id; /* identical on every rank of the context             */
+    const xccl_peer_info_t  *peers;  /* size entries, peers[rank] is this process          */
+    const void              *auth_key; /* NULL: no authentication                          */
+    size_t                   auth_key_len;
+    const xccl_tp_upcalls_t *up;
+} xccl_tp_init_params_t;
+
+typedef struct xccl_tp_ctx xccl_tp_ctx_t; /* transport-private per-context state */
+
+enum {
+    XCCL_TP_CAP_HOST_MEM   = 1u << 0, /* data path accepts host memory                       */
+    XCCL_TP_CAP_CUDA_MEM   = 1u << 1, /* data path accepts device memory                     */
+    XCCL_TP_CAP_NEEDS_REG  = 1u << 2, /* buffers must be registered with mem_reg first       */
+    XCCL_TP_CAP_INTRA_HOST = 1u << 3, /* reaches peers on the same host only                 */
+};
+
+typedef struct xccl_transport_ops {
+    uint32_t    abi_version; /* XCCL_TRANSPORT_ABI_VERSION                                    */
+    const char *name;        /* "tcp", "shm", ... (used by XCCL_TRANSPORTS)                   */
+    uint32_t    caps;        /* XCCL_TP_CAP_* bits                                            */
+    int         priority;    /* among transports that reach a peer, the highest is used       */
+
+    /* Creates the per-context state and any listening endpoint. XCCL_ERR_NOT_SUPPORTED means
+     * "not usable on this machine" (e.g. a library is missing) and is not an error. */
+    xccl_status_t (*init)(const xccl_tp_init_params_t *params, xccl_tp_ctx_t **ctx);
+    /* Closes every connection and frees the context. Never waits for peers. */
+    void (*finalize)(xccl_tp_ctx_t *ctx);
+    /* 1 if this transport can carry messages to `peer` (a pure function of the infos). */
+    int (*reachable)(const xccl_tp_ctx_t *ctx, int peer);
+    /* Writes this rank's address blob (at most XCCL_TP_ADDR_MAX bytes) for the store. */
+    xccl_status_t (*get_addr)(xccl_tp_ctx_t *ctx, void *addr, size_t *len);
+    /* Connects to every peer p with use[p] != 0, given every rank's address blob. Blocks up to
+     * timeout_ms; on timeout fails naming the peers that are not connected. Connections are
+     * authenticated (when a key is set) and checked for job id, rank and protocol version;
+     * anything else is refused and logged without disturbing the job. */
+    xccl_status_t (*wireup)(xccl_tp_ctx_t *ctx, const void *const *addrs, const size_t *lens,
+                            const uint8_t *use, int64_t timeout_ms);
+
+    /* Queues a message to `peer`; never blocks. The buffer must stay untouched until
+     * send_done(cookie). Messages to one peer leave in posting order. */
+    xccl_status_t (*isend)(xccl_tp_ctx_t *ctx, int peer, const xccl_msg_hdr_t *hdr,
+                           const xccl_tp_buf_t *buf, void *cookie);
+    /* Advances every connection once without blocking; *nevents counts messages and
+     * completions handled (0 means nothing happened). */
+    xccl_status_t (*progress)(xccl_tp_ctx_t *ctx, int *nevents);
+    /* Optional: sleeps until this transport may have something to do or timeout_ms passes.
+     * Called without the core lock (see Threading). NULL: the core sleeps on its own. */
+    void (*wait)(xccl_tp_ctx_t *ctx, int timeout_ms);
+    /* Optional: wakes a thread sleeping in `wait`. */
+    void (*wake)(xccl_tp_ctx_t *ctx);
+
+    /* Optional (XCCL_TP_CAP_NEEDS_REG): memory registration. */
+    xccl_status_t (*mem_reg)(xccl_tp_ctx_t *ctx, void *ptr, size_t nbytes, xccl_mem_type_t mem,
+                             void **mr);
+    void (*mem_dereg)(xccl_tp_ctx_t *ctx, void *mr);
+} xccl_transport_ops_t;
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* XCCL_TRANSPORT_H */
