@@ -250,6 +250,8 @@ typedef struct xccl_coll_opts {
     const char *algo;          /* force an algorithm by name; NULL: cost-model choice        */
     double      premul_factor; /* for XCCL_OP_PREMUL_SUM                                     */
     int64_t     timeout_ms;    /* <= 0: the communicator's                                   */
+    int         blocking;      /* the caller waits right away: do not hand the operation to  */
+                               /* the background progress thread                             */
 } xccl_coll_opts_t;
 
 /* Messages between a pair with the same tag are matched in posting order. A receive buffer
@@ -293,6 +295,62 @@ xccl_status_t xccl_alltoallv(xccl_comm_t *comm, const void *sbuf, const size_t *
                              const size_t *rdispls, xccl_dtype_t dtype,
                              const xccl_coll_opts_t *opts, xccl_work_t **w);
 xccl_status_t xccl_barrier(xccl_comm_t *comm, const xccl_coll_opts_t *opts, xccl_work_t **w);
+
+/* ---------------------------------------------------------------------------------------------
+ * Introspection: algorithm choice, tracing, flight recorder
+ * ------------------------------------------------------------------------------------------- */
+typedef struct xccl_algo_info {
+    char   name[32];
+    char   summary[192];
+    double steps;        /* message rounds on the critical path                              */
+    double bytes;        /* bytes sent by one rank on the critical path                      */
+    double reduce_bytes; /* bytes combined locally                                           */
+    double predicted_s;  /* alpha * steps + beta * bytes + gamma * reduce_bytes              */
+    int    applicable;
+    int    chosen;       /* the one xccl would run (honouring $XCCL_ALGO)                    */
+} xccl_algo_info_t;
+
+/* Every algorithm of collective `coll` ("all_reduce", "broadcast", ...) for `size` ranks and a
+ * message of nbytes (nccl-tests size). model: {alpha s, beta s/byte, gamma s/byte} or NULL for
+ * the built-in defaults. Writes up to max entries and their number to *n. */
+xccl_status_t xccl_explain(const char *coll, size_t nbytes, int size, const double *model,
+                           xccl_algo_info_t *out, int max, int *n);
+/* The built-in default model {alpha, beta, gamma}. */
+void          xccl_default_model(double model[3]);
+
+typedef enum xccl_trace_kind {
+    XCCL_TRACE_SEND   = 0,
+    XCCL_TRACE_RECV   = 1,
+    XCCL_TRACE_REDUCE = 2,
+} xccl_trace_kind_t;
+
+/* One primitive step of an operation, as recorded on this rank. Ranks are ranks of the
+ * communicator; times are CLOCK_MONOTONIC nanoseconds. */
+typedef struct xccl_trace_event {
+    uint64_t seq;      /* operation number on the communicator                          */
+    uint32_t step;     /* algorithm step (tag) of the message                           */
+    int32_t  kind;     /* xccl_trace_kind_t                                             */
+    int32_t  src, dst; /* sender and receiver (both this rank for a reduction)          */
+    int32_t  buf;      /* 0 send buffer, 1 receive buffer, 2 scratch, -1 other          */
+    uint64_t offset;   /* byte offset of the data in that buffer                        */
+    uint64_t nbytes;
+    uint64_t t_start_ns, t_end_ns;
+    char     op[24];   /* "all_reduce", "send", ...                                     */
+    char     algo[24];
+    char     transport[8];
+} xccl_trace_event_t;
+
+/* Starts (capacity > 0 events, oldest dropped when full) or stops (0) recording. */
+xccl_status_t xccl_comm_trace(xccl_comm_t *comm, size_t capacity);
+/* Moves up to max recorded events into out (oldest first); returns how many. */
+size_t        xccl_comm_trace_drain(xccl_comm_t *comm, xccl_trace_event_t *out, size_t max);
+/* Number of events dropped because the buffer was full since tracing started. */
+uint64_t      xccl_comm_trace_dropped(const xccl_comm_t *comm);
+
+/* Flight recorder: a text table of the last operations of the communicator (completed ones
+ * and the pending ones with what they wait for). Returns the length written (truncated to
+ * len - 1, always NUL-terminated). */
+size_t xccl_comm_flight_dump(xccl_comm_t *comm, char *buf, size_t len);
 
 #ifdef __cplusplus
 }

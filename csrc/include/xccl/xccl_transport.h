@@ -143,6 +143,12 @@ typedef struct xccl_transport_ops {
     /* Optional: wakes a thread sleeping in `wait`. */
     void (*wake)(xccl_tp_ctx_t *ctx);
 
+    /* Optional: drops the connection to `peer` now (the core gives up on an operation that
+     * timed out while the transport still held its buffers). Pending sends and receives of
+     * that peer are failed through the upcalls before it returns, then peer_failed is called.
+     * NULL: the core waits for the transport to finish them. */
+    void (*close_peer)(xccl_tp_ctx_t *ctx, int peer, const char *why);
+
     /* Optional (XCCL_TP_CAP_NEEDS_REG): memory registration. */
     xccl_status_t (*mem_reg)(xccl_tp_ctx_t *ctx, void *ptr, size_t nbytes, xccl_mem_type_t mem,
                              void **mr);

@@ -1,0 +1,670 @@
+/* SPDX-License-Identifier: Apache-2.0
+ *
+ * coll.c - the operations of the public API (point-to-point and collectives), the task
+ * primitives algorithms are written against, call fingerprints and mismatch handling.
+ *
+ * A collective goes through: argument checks (nothing moves on error) -> algorithm choice ->
+ * prologue (normalise buffers as algo.h describes: copy-in, PREMUL scaling) -> sequence number
+ * and fingerprint under the context lock -> eager first progress -> ... -> epilogue (AVG
+ * division) -> completion.
+ */
+#include "core/core.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/reduce.h"
+
+enum { REQ_POSTED = 1, REQ_ACTIVE = 2, REQ_DONE = 3 };
+
+/* ------------------------------------------------------------------------------------------ */
+/* Fingerprints                                                                                */
+/* ------------------------------------------------------------------------------------------ */
+
+#define FP_COUNT_BITS 40
+#define FP_ROOT_NONE  0xFFFu
+
+uint64_t xccl_fp_make(xccl_coll_t coll, xccl_dtype_t dtype, xccl_op_t op, int root,
+                      uint64_t count)
+{
+    uint64_t r = root < 0 || root >= (int)FP_ROOT_NONE ? FP_ROOT_NONE : (uint64_t)root;
+
+    return ((uint64_t)(coll & 0xF) << 60) | ((uint64_t)(dtype & 0xF) << 56) |
+           ((uint64_t)(op & 0xF) << 52) | (r << 40) | (count & ((1ull << FP_COUNT_BITS) - 1));
+}
+
+const char *xccl_fp_str(uint64_t fp, char *buf, size_t len)
+{
+    xccl_coll_t  coll  = (xccl_coll_t)(fp >> 60);
+    xccl_dtype_t dtype = (xccl_dtype_t)((fp >> 56) & 0xF);
+    xccl_op_t    op    = (xccl_op_t)((fp >> 52) & 0xF);
+    unsigned     root  = (unsigned)((fp >> 40) & 0xFFF);
+    uint64_t     count = fp & ((1ull << FP_COUNT_BITS) - 1);
+    int          n;
+
+    if (coll == XCCL_COLL_BARRIER) {
+        snprintf(buf, len, "barrier()");
+        return buf;
+    }
+    n = snprintf(buf, len, "%s(dtype=%s, count=%llu", xccl_coll_name(coll), xccl_dtype_name(dtype),
+                 (unsigned long long)count);
+    if (coll == XCCL_COLL_ALLREDUCE || coll == XCCL_COLL_REDUCE || coll == XCCL_COLL_REDUCE_SCATTER)
+        n += snprintf(buf + n, len - (size_t)n, ", op=%s", xccl_op_name(op));
+    if (root != FP_ROOT_NONE) n += snprintf(buf + n, len - (size_t)n, ", root=%u", root);
+    snprintf(buf + n, len - (size_t)n, ")");
+    return buf;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Requests                                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+static xccl_req_t *req_new(xccl_work_t *w, req_kind_t kind, int world_peer, void *buf,
+                           size_t nbytes, uint64_t tag)
+{
+    xccl_req_t *r = calloc(1, sizeof(*r));
+
+    if (r == NULL) return NULL;
+    r->kind    = kind;
+    r->peer    = world_peer;
+    r->buf     = buf;
+    r->nbytes  = nbytes;
+    r->tag     = tag;
+    r->work    = w;
+    r->comm_id = w ? w->comm->id : 0;
+    r->fp      = w ? w->fp : 0;
+    r->status  = XCCL_INPROGRESS;
+    return r;
+}
+
+/* A control notice (zero-copy-free small payload) that no Work owns. */
+static void send_ctrl(xccl_comm_t *comm, int peer, uint64_t seq, uint64_t fp, const char *text)
+{
+    xccl_ctx_t *ctx = comm->ctx;
+    size_t      len = strlen(text) + 1;
+    xccl_req_t *r   = calloc(1, sizeof(*r) + len);
+
+    if (r == NULL) return;
+    r->kind    = REQ_SEND;
+    r->peer    = comm->world[peer];
+    r->comm_id = comm->id;
+    r->tag     = tag_ctrl(seq);
+    r->fp      = fp;
+    r->buf     = (char *)(r + 1);
+    r->nbytes  = len;
+    memcpy(r->buf, text, len);
+    if (ctx->peer_dead[r->peer] != NULL || xccl_req_post_send(ctx, r) < 0) free(r);
+    /* on success the request frees itself when sent (work == NULL, see ctx.c) */
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Task primitives (algo.h)                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+const xccl_coll_args_t *xccl_task_args(const xccl_task_t *t) { return &t->args; }
+int                     xccl_task_rank(const xccl_task_t *t) { return t->work->comm->rank; }
+int                     xccl_task_size(const xccl_task_t *t) { return t->work->comm->size; }
+uint64_t               *xccl_task_state(xccl_task_t *t) { return t->state; }
+int                     xccl_task_pending(const xccl_task_t *t) { return t->npending; }
+
+static xccl_status_t task_post(xccl_task_t *t, req_kind_t kind, int peer, void *buf,
+                               size_t nbytes, uint32_t step)
+{
+    xccl_work_t *w    = t->work;
+    xccl_comm_t *comm = w->comm;
+    xccl_req_t  *r;
+    xccl_status_t st;
+
+    if (peer < 0 || peer >= comm->size || peer == comm->rank || step > XCCL_STEP_MAX)
+        return XCCL_ERROR(XCCL_ERR_INTERNAL, "%s: algorithm %s posted an invalid %s (peer %d, "
+                          "step %u) on rank %d", w->name, t->algo->name,
+                          kind == REQ_SEND ? "send" : "receive", peer, step, comm->rank);
+    r = req_new(w, kind, comm->world[peer], buf, nbytes, tag_coll(w->seq, step));
+    if (r == NULL) return XCCL_ERROR(XCCL_ERR_NO_MEMORY, "%s: out of memory", w->name);
+    r->step  = step;
+    r->wnext = t->reqs;
+    t->reqs  = r;
+    t->npending++;
+    st = kind == REQ_SEND ? xccl_req_post_send(comm->ctx, r) : xccl_req_post_recv(comm->ctx, r);
+    if (st < 0) {
+        r->state  = REQ_DONE;
+        r->status = st;
+        t->npending--;
+    }
+    return st;
+}
+
+xccl_status_t xccl_task_isend(xccl_task_t *t, int peer, const void *buf, size_t nbytes,
+                              uint32_t step)
+{
+    return task_post(t, REQ_SEND, peer, (void *)buf, nbytes, step);
+}
+
+xccl_status_t xccl_task_irecv(xccl_task_t *t, int peer, void *buf, size_t nbytes, uint32_t step)
+{
+    return task_post(t, REQ_RECV, peer, buf, nbytes, step);
+}
+
+xccl_status_t xccl_task_test(xccl_task_t *t)
+{
+    if (!t->work->active) {
+        xccl_status_t st = atomic_load(&t->work->status);
+        return st < 0 ? st : XCCL_ERR_ABORTED;
+    }
+    for (xccl_req_t *r = t->reqs; r != NULL; r = r->wnext) {
+        if (r->state == REQ_DONE && r->status < 0) return r->status;
+    }
+    if (t->npending > 0) return XCCL_INPROGRESS;
+    while (t->reqs != NULL) {
+        xccl_req_t *r = t->reqs;
+        t->reqs       = r->wnext;
+        free(r->trash);
+        free(r);
+    }
+    return XCCL_OK;
+}
+
+xccl_status_t xccl_task_reduce(xccl_task_t *t, void *dst, const void *a, const void *b,
+                               size_t count)
+{
+    uint64_t      t0 = t->work->comm->trace_cap ? xccl_now_ns() : 0;
+    xccl_status_t st = xccl_reduce2(dst, a, b, count, t->args.dtype, t->args.op);
+
+    if (t0) xccl_trace_reduce(t, dst, count * t->args.elsize, t0);
+    return st;
+}
+
+void *xccl_task_scratch(xccl_task_t *t, size_t nbytes)
+{
+    if (nbytes <= t->scratch_len && t->scratch != NULL) return t->scratch;
+    {
+        void *p = realloc(t->scratch, nbytes ? nbytes : 1);
+        if (p == NULL) return NULL;
+        t->scratch     = p;
+        t->scratch_len = nbytes;
+    }
+    return t->scratch;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Mismatch                                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+static xccl_work_t *find_coll(xccl_comm_t *comm, uint64_t seq)
+{
+    for (xccl_work_t *w = comm->ctx->active_head; w != NULL; w = w->next) {
+        if (w->comm == comm && w->kind == WORK_COLL && w->seq == seq) return w;
+    }
+    return NULL;
+}
+
+void xccl_coll_mismatch(xccl_comm_t *comm, uint64_t seq, int peer_rank, uint64_t peer_fp,
+                        int notify)
+{
+    xccl_work_t *w = find_coll(comm, seq);
+    char         mine[160], theirs[160], msg[600];
+
+    if (w == NULL || w->fp == peer_fp) return;
+    snprintf(msg, sizeof(msg),
+             "collective mismatch on comm '%s' (operation #%llu): rank %d called %s but rank %d "
+             "called %s",
+             comm->name, (unsigned long long)seq, comm->rank, xccl_fp_str(w->fp, mine, sizeof(mine)),
+             peer_rank, xccl_fp_str(peer_fp, theirs, sizeof(theirs)));
+    (void)xccl_error_report(XCCL_ERR_MISMATCH, __FILE__, __LINE__, "%s", msg);
+    if (notify) {
+        for (int p = 0; p < comm->size; p++) {
+            if (p != comm->rank) send_ctrl(comm, p, seq, w->fp, msg);
+        }
+    }
+    xccl_work_finish(w, XCCL_ERR_MISMATCH, msg);
+}
+
+/* A mismatch notice arrived (payload: the notifier's message). Returns 1 if consumed. */
+int xccl_coll_ctrl_arrived(xccl_ctx_t *ctx, xccl_umsg_t *u)
+{
+    xccl_comm_t *comm = xccl_ctx_find_comm(ctx, u->hdr.comm_id);
+    uint64_t     seq  = u->hdr.tag & ((1ull << 42) - 1);
+    xccl_work_t *w;
+    char         mine[160], theirs[160], msg[1200];
+    int          peer;
+
+    if (comm == NULL || comm->destroyed) return 1;
+    w = find_coll(comm, seq);
+    if (w == NULL) return comm->next_seq > seq; /* not reached yet: keep it for coll_post */
+    peer = xccl_comm_rank_of_world(comm, u->src);
+    if (w->fp != u->hdr.fp) {
+        snprintf(msg, sizeof(msg),
+                 "collective mismatch on comm '%s' (operation #%llu): rank %d called %s but "
+                 "rank %d called %s",
+                 comm->name, (unsigned long long)seq, comm->rank,
+                 xccl_fp_str(w->fp, mine, sizeof(mine)), peer,
+                 xccl_fp_str(u->hdr.fp, theirs, sizeof(theirs)));
+    } else {
+        snprintf(msg, sizeof(msg), "rank %d reported: %s", peer,
+                 u->data ? (const char *)u->data : "collective mismatch");
+    }
+    (void)xccl_error_report(XCCL_ERR_MISMATCH, __FILE__, __LINE__, "%s", msg);
+    xccl_work_finish(w, XCCL_ERR_MISMATCH, msg);
+    return 1;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Posting                                                                                     */
+/* ------------------------------------------------------------------------------------------ */
+
+static xccl_status_t comm_usable(const xccl_comm_t *comm, const char *what)
+{
+    if (comm == NULL) return XCCL_ERROR(XCCL_ERR_INVALID_ARG, "%s: comm is NULL", what);
+    if (comm->destroyed)
+        return XCCL_ERROR(XCCL_ERR_INVALID_USAGE, "%s: comm '%s' was destroyed or aborted", what,
+                          comm->name);
+    return XCCL_OK;
+}
+
+static xccl_status_t p2p_post(xccl_comm_t *comm, req_kind_t kind, void *buf, size_t nbytes,
+                              int peer, uint32_t tag, xccl_work_t **out)
+{
+    const char   *name = kind == REQ_SEND ? "send" : "recv";
+    xccl_work_t  *w;
+    xccl_req_t   *r;
+    xccl_ctx_t   *ctx;
+    xccl_status_t st;
+
+    XCCL_CHECK(comm_usable(comm, name));
+    if (out == NULL) return XCCL_ERROR(XCCL_ERR_INVALID_ARG, "%s: out is NULL", name);
+    if ((peer < 0 && !(kind == REQ_RECV && peer == XCCL_ANY_SOURCE)) || peer >= comm->size)
+        return XCCL_ERROR(XCCL_ERR_INVALID_ARG, "%s: peer rank %d is not in [0, %d)", name, peer,
+                          comm->size);
+    if (buf == NULL && nbytes > 0)
+        return XCCL_ERROR(XCCL_ERR_INVALID_ARG, "%s: NULL buffer of %zu bytes", name, nbytes);
+    if (tag > 0x7fffffffu)
+        return XCCL_ERROR(XCCL_ERR_INVALID_ARG, "%s: tag %u is not in [0, 2^31)", name, tag);
+    w = xccl_work_new(comm, WORK_P2P, name, 0);
+    if (w == NULL) return XCCL_ERROR(XCCL_ERR_NO_MEMORY, "%s: out of memory", name);
+    r = req_new(w, kind, peer == XCCL_ANY_SOURCE ? XCCL_ANY_SOURCE : comm->world[peer], buf,
+                nbytes, tag_p2p(tag));
+    if (r == NULL) {
+        xccl_work_release(w);
+        return XCCL_ERROR(XCCL_ERR_NO_MEMORY, "%s: out of memory", name);
+    }
+    w->req = r;
+    ctx    = comm->ctx;
+    pthread_mutex_lock(&ctx->lock);
+    w->t_start = xccl_now_ns();
+    xccl_work_activate(w, 0);
+    st = kind == REQ_SEND ? xccl_req_post_send(ctx, r) : xccl_req_post_recv(ctx, r);
+    if (st < 0) {
+        r->state = REQ_DONE;
+        xccl_work_finish(w, st, NULL);
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    xccl_ctx_run_callbacks(ctx);
+    *out = w;
+    return XCCL_OK;
+}
+
+xccl_status_t xccl_isend(xccl_comm_t *comm, const void *buf, size_t nbytes, int peer,
+                         uint32_t tag, xccl_work_t **w)
+{
+    return p2p_post(comm, REQ_SEND, (void *)buf, nbytes, peer, tag, w);
+}
+
+xccl_status_t xccl_irecv(xccl_comm_t *comm, void *buf, size_t nbytes, int peer, uint32_t tag,
+                         xccl_work_t **w)
+{
+    return p2p_post(comm, REQ_RECV, buf, nbytes, peer, tag, w);
+}
+
+
+xccl_status_t xccl_coll_epilogue(xccl_work_t *w)
+{
+    const xccl_coll_args_t *a = &w->task.args;
+    void                   *out;
+    size_t                  n;
+
+    if (w->user_op != XCCL_OP_AVG) return XCCL_OK;
+    switch (a->coll) {
+    case XCCL_COLL_ALLREDUCE: out = a->rbuf, n = a->count; break;
+    case XCCL_COLL_REDUCE_SCATTER: out = a->rbuf, n = a->count; break;
+    case XCCL_COLL_REDUCE:
+        if (w->comm->rank != a->root) return XCCL_OK;
+        out = a->rbuf, n = a->count;
+        break;
+    default: return XCCL_OK;
+    }
+    return xccl_divide(out, out, n, a->dtype, w->comm->size);
+}
+
+/* Copies (and for PREMUL_SUM scales) `n` elements into a fresh buffer owned by the Work. */
+static xccl_status_t work_tmp_copy(xccl_work_t *w, const void *src, size_t n, size_t el,
+                                   int scale, const void **out)
+{
+    size_t nbytes = n * el;
+
+    w->tmp = malloc(nbytes > 0 ? nbytes : 1);
+    if (w->tmp == NULL)
+        return XCCL_ERROR(XCCL_ERR_NO_MEMORY, "%s: no memory for a %zu-byte copy", w->name, nbytes);
+    if (scale) XCCL_CHECK(xccl_scale(w->tmp, src, n, w->task.args.dtype, w->premul));
+    else if (nbytes > 0) memcpy(w->tmp, src, nbytes);
+    *out = w->tmp;
+    return XCCL_OK;
+}
+
+static xccl_status_t coll_prologue(xccl_work_t *w)
+{
+    xccl_coll_args_t *a     = &w->task.args;
+    int               rank  = w->comm->rank, size = w->comm->size;
+    size_t            el    = a->elsize, blk = a->count * el;
+    int               scale = w->user_op == XCCL_OP_PREMUL_SUM;
+
+    switch (a->coll) {
+    case XCCL_COLL_ALLREDUCE:
+        if (scale) XCCL_CHECK(xccl_scale(a->rbuf, a->sbuf, a->count, a->dtype, w->premul));
+        else if (a->sbuf != a->rbuf && blk) memcpy(a->rbuf, a->sbuf, blk);
+        a->sbuf = a->rbuf;
+        break;
+    case XCCL_COLL_REDUCE:
+        if (scale) XCCL_CHECK(work_tmp_copy(w, a->sbuf, a->count, el, 1, &a->sbuf));
+        break;
+    case XCCL_COLL_REDUCE_SCATTER:
+        if (scale || a->sbuf == a->rbuf)
+            XCCL_CHECK(work_tmp_copy(w, a->sbuf, a->count * (size_t)size, el, scale, &a->sbuf));
+        break;
+    case XCCL_COLL_ALLGATHER:
+        if ((const char *)a->sbuf != (char *)a->rbuf + (size_t)rank * blk && blk)
+            memmove((char *)a->rbuf + (size_t)rank * blk, a->sbuf, blk);
+        break;
+    case XCCL_COLL_GATHER:
+        if (rank == a->root && (const char *)a->sbuf != (char *)a->rbuf + (size_t)rank * blk && blk)
+            memmove((char *)a->rbuf + (size_t)rank * blk, a->sbuf, blk);
+        break;
+    case XCCL_COLL_SCATTER:
+        if (rank == a->root && (const char *)a->sbuf + (size_t)rank * blk != a->rbuf && blk)
+            memmove(a->rbuf, (const char *)a->sbuf + (size_t)rank * blk, blk);
+        break;
+    case XCCL_COLL_ALLTOALL:
+        if (a->sbuf == a->rbuf)
+            XCCL_CHECK(work_tmp_copy(w, a->sbuf, a->count * (size_t)size, el, 0, &a->sbuf));
+        if (blk)
+            memcpy((char *)a->rbuf + (size_t)rank * blk,
+                   (const char *)a->sbuf + (size_t)rank * blk, blk);
+        break;
+    case XCCL_COLL_ALLTOALLV: {
+        size_t stotal = 0;
+        /* the caller's arrays need not outlive the call */
+        w->vcounts = malloc(4 * (size_t)size * sizeof(size_t));
+        if (w->vcounts == NULL) return XCCL_ERROR(XCCL_ERR_NO_MEMORY, "%s: out of memory", w->name);
+        memcpy(w->vcounts, a->scounts, (size_t)size * sizeof(size_t));
+        memcpy(w->vcounts + size, a->sdispls, (size_t)size * sizeof(size_t));
+        memcpy(w->vcounts + 2 * size, a->rcounts, (size_t)size * sizeof(size_t));
+        memcpy(w->vcounts + 3 * size, a->rdispls, (size_t)size * sizeof(size_t));
+        a->scounts = w->vcounts;
+        a->sdispls = w->vcounts + size;
+        a->rcounts = w->vcounts + 2 * size;
+        a->rdispls = w->vcounts + 3 * size;
+        for (int i = 0; i < size; i++) {
+            size_t end = a->sdispls[i] + a->scounts[i];
+            if (end > stotal) stotal = end;
+        }
+        if (a->sbuf == a->rbuf) XCCL_CHECK(work_tmp_copy(w, a->sbuf, stotal, el, 0, &a->sbuf));
+        if (a->scounts[rank])
+            memcpy((char *)a->rbuf + a->rdispls[rank] * el,
+                   (const char *)a->sbuf + a->sdispls[rank] * el, a->scounts[rank] * el);
+        break;
+    }
+    default: break;
+    }
+    return XCCL_OK;
+}
+
+static xccl_status_t coll_post(xccl_comm_t *comm, xccl_coll_args_t *a, xccl_op_t user_op,
+                               const xccl_coll_opts_t *opts, size_t nbytes_model,
+                               xccl_work_t **out)
+{
+    const char        *name = xccl_coll_name(a->coll);
+    const xccl_algo_t *algo;
+    xccl_work_t       *w;
+    xccl_ctx_t        *ctx;
+    xccl_status_t      st;
+    int                blocking = opts ? opts->blocking : 0;
+
+    XCCL_CHECK(comm_usable(comm, name));
+    if (out == NULL) return XCCL_ERROR(XCCL_ERR_INVALID_ARG, "%s: out is NULL", name);
+    if (comm->async_error < 0)
+        return XCCL_ERROR(comm->async_error, "%s: comm '%s' has failed earlier (%s)", name,
+                          comm->name, xccl_status_string(comm->async_error));
+    XCCL_CHECK(xccl_algo_select(a, comm->size, nbytes_model, xccl_core_default_model(),
+                                opts ? opts->algo : NULL, &algo));
+    w = xccl_work_new(comm, WORK_COLL, name, opts ? opts->timeout_ms : 0);
+    if (w == NULL) return XCCL_ERROR(XCCL_ERR_NO_MEMORY, "%s: out of memory", name);
+    w->task.algo = algo;
+    w->task.args = *a;
+    w->user_op   = user_op;
+    w->premul    = opts ? opts->premul_factor : 1.0;
+    w->fp        = xccl_fp_make(a->coll, a->dtype, user_op, a->root, a->count);
+    st           = coll_prologue(w);
+    if (st < 0) {
+        xccl_work_release(w);
+        return st;
+    }
+    ctx = comm->ctx;
+    pthread_mutex_lock(&ctx->lock);
+    w->seq = comm->next_seq++;
+    xccl_work_activate(w, blocking);
+    /* messages of this operation that arrived early: check their fingerprints */
+    for (xccl_umsg_t *u = ctx->unexp_head, *next; u != NULL && w->active; u = next) {
+        next = u->next;
+        if (u->hdr.comm_id != comm->id) continue;
+        if (tag_kind(u->hdr.tag) == TAG_KIND_COLL && tag_seq(u->hdr.tag) == w->seq &&
+            u->hdr.fp != w->fp) {
+            xccl_coll_mismatch(comm, w->seq, xccl_comm_rank_of_world(comm, u->src), u->hdr.fp, 1);
+        } else if (tag_kind(u->hdr.tag) == TAG_KIND_CTRL && u->done &&
+                   (u->hdr.tag & ((1ull << 42) - 1)) == w->seq) {
+            if (xccl_coll_ctrl_arrived(ctx, u)) u->hdr.tag = ~0ull;
+        }
+    }
+    if (w->active) xccl_work_progress_locked(w); /* eager start */
+    pthread_mutex_unlock(&ctx->lock);
+    xccl_ctx_run_callbacks(ctx);
+    *out = w;
+    return XCCL_OK;
+}
+
+static xccl_status_t check_common(const char *name, size_t count, xccl_dtype_t dtype)
+{
+    (void)count;
+    if (dtype < 0 || dtype >= XCCL_DTYPE_COUNT)
+        return XCCL_ERROR(XCCL_ERR_INVALID_ARG, "%s: invalid dtype %d", name, (int)dtype);
+    return XCCL_OK;
+}
+
+static xccl_status_t check_root(const xccl_comm_t *comm, const char *name, int root)
+{
+    if (comm != NULL && (root < 0 || root >= comm->size))
+        return XCCL_ERROR(XCCL_ERR_INVALID_ARG, "%s: root rank %d is not in [0, %d)", name, root,
+                          comm->size);
+    return XCCL_OK;
+}
+
+static xccl_status_t check_buf(const char *name, const char *which, const void *p, size_t n)
+{
+    if (p == NULL && n > 0)
+        return XCCL_ERROR(XCCL_ERR_INVALID_ARG, "%s: %s is NULL", name, which);
+    return XCCL_OK;
+}
+
+static xccl_status_t check_op(const char *name, xccl_op_t op, xccl_dtype_t dtype,
+                              const xccl_coll_opts_t *opts)
+{
+    xccl_status_t st = xccl_op_check(op, dtype);
+
+    if (st < 0) return st;
+    if (op == XCCL_OP_PREMUL_SUM && opts == NULL)
+        return XCCL_ERROR(XCCL_ERR_INVALID_ARG, "%s: premul_sum needs a factor in opts", name);
+    return XCCL_OK;
+}
+
+static xccl_op_t base_op(xccl_op_t op)
+{
+    return op == XCCL_OP_AVG || op == XCCL_OP_PREMUL_SUM ? XCCL_OP_SUM : op;
+}
+
+#define ARGS(c, s, r, n, d, o, rt)                                                            \
+    (xccl_coll_args_t)                                                                       \
+    {                                                                                        \
+        .coll = (c), .sbuf = (s), .rbuf = (r), .count = (n), .dtype = (d),                   \
+        .elsize = xccl_dtype_size(d), .op = base_op(o), .root = (rt)                         \
+    }
+
+xccl_status_t xccl_allreduce(xccl_comm_t *comm, const void *sbuf, void *rbuf, size_t count,
+                             xccl_dtype_t dtype, xccl_op_t op, const xccl_coll_opts_t *opts,
+                             xccl_work_t **w)
+{
+    xccl_coll_args_t a;
+
+    XCCL_CHECK(check_common("all_reduce", count, dtype));
+    XCCL_CHECK(check_op("all_reduce", op, dtype, opts));
+    XCCL_CHECK(check_buf("all_reduce", "send buffer", sbuf, count));
+    XCCL_CHECK(check_buf("all_reduce", "receive buffer", rbuf, count));
+    a = ARGS(XCCL_COLL_ALLREDUCE, sbuf, rbuf, count, dtype, op, -1);
+    return coll_post(comm, &a, op, opts, count * a.elsize, w);
+}
+
+xccl_status_t xccl_broadcast(xccl_comm_t *comm, void *buf, size_t count, xccl_dtype_t dtype,
+                             int root, const xccl_coll_opts_t *opts, xccl_work_t **w)
+{
+    xccl_coll_args_t a;
+
+    XCCL_CHECK(check_common("broadcast", count, dtype));
+    XCCL_CHECK(check_root(comm, "broadcast", root));
+    XCCL_CHECK(check_buf("broadcast", "buffer", buf, count));
+    a = ARGS(XCCL_COLL_BROADCAST, buf, buf, count, dtype, XCCL_OP_SUM, root);
+    return coll_post(comm, &a, XCCL_OP_SUM, opts, count * a.elsize, w);
+}
+
+xccl_status_t xccl_reduce(xccl_comm_t *comm, const void *sbuf, void *rbuf, size_t count,
+                          xccl_dtype_t dtype, xccl_op_t op, int root,
+                          const xccl_coll_opts_t *opts, xccl_work_t **w)
+{
+    xccl_coll_args_t a;
+
+    XCCL_CHECK(check_common("reduce", count, dtype));
+    XCCL_CHECK(check_op("reduce", op, dtype, opts));
+    XCCL_CHECK(check_root(comm, "reduce", root));
+    XCCL_CHECK(check_buf("reduce", "send buffer", sbuf, count));
+    if (comm != NULL && comm->rank == root)
+        XCCL_CHECK(check_buf("reduce", "receive buffer at the root", rbuf, count));
+    a = ARGS(XCCL_COLL_REDUCE, sbuf, comm && comm->rank == root ? rbuf : NULL, count, dtype, op,
+             root);
+    return coll_post(comm, &a, op, opts, count * a.elsize, w);
+}
+
+xccl_status_t xccl_allgather(xccl_comm_t *comm, const void *sbuf, void *rbuf, size_t count,
+                             xccl_dtype_t dtype, const xccl_coll_opts_t *opts, xccl_work_t **w)
+{
+    xccl_coll_args_t a;
+
+    XCCL_CHECK(check_common("all_gather", count, dtype));
+    XCCL_CHECK(check_buf("all_gather", "send buffer", sbuf, count));
+    XCCL_CHECK(check_buf("all_gather", "receive buffer", rbuf, count));
+    a = ARGS(XCCL_COLL_ALLGATHER, sbuf, rbuf, count, dtype, XCCL_OP_SUM, -1);
+    return coll_post(comm, &a, XCCL_OP_SUM, opts,
+                     count * a.elsize * (size_t)(comm ? comm->size : 1), w);
+}
+
+xccl_status_t xccl_gather(xccl_comm_t *comm, const void *sbuf, void *rbuf, size_t count,
+                          xccl_dtype_t dtype, int root, const xccl_coll_opts_t *opts,
+                          xccl_work_t **w)
+{
+    xccl_coll_args_t a;
+
+    XCCL_CHECK(check_common("gather", count, dtype));
+    XCCL_CHECK(check_root(comm, "gather", root));
+    XCCL_CHECK(check_buf("gather", "send buffer", sbuf, count));
+    if (comm != NULL && comm->rank == root)
+        XCCL_CHECK(check_buf("gather", "receive buffer at the root", rbuf, count));
+    a = ARGS(XCCL_COLL_GATHER, sbuf, rbuf, count, dtype, XCCL_OP_SUM, root);
+    return coll_post(comm, &a, XCCL_OP_SUM, opts,
+                     count * a.elsize * (size_t)(comm ? comm->size : 1), w);
+}
+
+xccl_status_t xccl_scatter(xccl_comm_t *comm, const void *sbuf, void *rbuf, size_t count,
+                           xccl_dtype_t dtype, int root, const xccl_coll_opts_t *opts,
+                           xccl_work_t **w)
+{
+    xccl_coll_args_t a;
+
+    XCCL_CHECK(check_common("scatter", count, dtype));
+    XCCL_CHECK(check_root(comm, "scatter", root));
+    XCCL_CHECK(check_buf("scatter", "receive buffer", rbuf, count));
+    if (comm != NULL && comm->rank == root)
+        XCCL_CHECK(check_buf("scatter", "send buffer at the root", sbuf, count));
+    a = ARGS(XCCL_COLL_SCATTER, sbuf, rbuf, count, dtype, XCCL_OP_SUM, root);
+    return coll_post(comm, &a, XCCL_OP_SUM, opts,
+                     count * a.elsize * (size_t)(comm ? comm->size : 1), w);
+}
+
+xccl_status_t xccl_reduce_scatter(xccl_comm_t *comm, const void *sbuf, void *rbuf, size_t count,
+                                  xccl_dtype_t dtype, xccl_op_t op,
+                                  const xccl_coll_opts_t *opts, xccl_work_t **w)
+{
+    xccl_coll_args_t a;
+
+    XCCL_CHECK(check_common("reduce_scatter", count, dtype));
+    XCCL_CHECK(check_op("reduce_scatter", op, dtype, opts));
+    XCCL_CHECK(check_buf("reduce_scatter", "send buffer", sbuf, count));
+    XCCL_CHECK(check_buf("reduce_scatter", "receive buffer", rbuf, count));
+    a = ARGS(XCCL_COLL_REDUCE_SCATTER, sbuf, rbuf, count, dtype, op, -1);
+    return coll_post(comm, &a, op, opts, count * a.elsize * (size_t)(comm ? comm->size : 1), w);
+}
+
+xccl_status_t xccl_alltoall(xccl_comm_t *comm, const void *sbuf, void *rbuf, size_t count,
+                            xccl_dtype_t dtype, const xccl_coll_opts_t *opts, xccl_work_t **w)
+{
+    xccl_coll_args_t a;
+
+    XCCL_CHECK(check_common("all_to_all", count, dtype));
+    XCCL_CHECK(check_buf("all_to_all", "send buffer", sbuf, count));
+    XCCL_CHECK(check_buf("all_to_all", "receive buffer", rbuf, count));
+    a = ARGS(XCCL_COLL_ALLTOALL, sbuf, rbuf, count, dtype, XCCL_OP_SUM, -1);
+    return coll_post(comm, &a, XCCL_OP_SUM, opts,
+                     count * a.elsize * (size_t)(comm ? comm->size : 1), w);
+}
+
+xccl_status_t xccl_alltoallv(xccl_comm_t *comm, const void *sbuf, const size_t *scounts,
+                             const size_t *sdispls, void *rbuf, const size_t *rcounts,
+                             const size_t *rdispls, xccl_dtype_t dtype,
+                             const xccl_coll_opts_t *opts, xccl_work_t **w)
+{
+    xccl_coll_args_t a;
+    size_t           total = 0, rtotal = 0;
+
+    XCCL_CHECK(check_common("all_to_all_v", 0, dtype));
+    XCCL_CHECK(comm_usable(comm, "all_to_all_v"));
+    if (!scounts || !sdispls || !rcounts || !rdispls)
+        return XCCL_ERROR(XCCL_ERR_INVALID_ARG, "all_to_all_v: counts and displacements needed");
+    for (int i = 0; i < comm->size; i++) {
+        total += scounts[i];
+        rtotal += rcounts[i];
+    }
+    XCCL_CHECK(check_buf("all_to_all_v", "send buffer", sbuf, total));
+    XCCL_CHECK(check_buf("all_to_all_v", "receive buffer", rbuf, rtotal));
+    if (scounts[comm->rank] != rcounts[comm->rank])
+        return XCCL_ERROR(XCCL_ERR_INVALID_ARG,
+                          "all_to_all_v: rank %d sends %zu elements to itself but expects %zu",
+                          comm->rank, scounts[comm->rank], rcounts[comm->rank]);
+    a         = ARGS(XCCL_COLL_ALLTOALLV, sbuf, rbuf, 0, dtype, XCCL_OP_SUM, -1);
+    a.scounts = scounts;
+    a.sdispls = sdispls;
+    a.rcounts = rcounts;
+    a.rdispls = rdispls;
+    return coll_post(comm, &a, XCCL_OP_SUM, opts, total * a.elsize, w);
+}
+
+xccl_status_t xccl_barrier(xccl_comm_t *comm, const xccl_coll_opts_t *opts, xccl_work_t **w)
+{
+    xccl_coll_args_t a = ARGS(XCCL_COLL_BARRIER, NULL, NULL, 0, XCCL_UINT8, XCCL_OP_SUM, -1);
+
+    return coll_post(comm, &a, XCCL_OP_SUM, opts, 0, w);
+}

@@ -1,0 +1,210 @@
+/* SPDX-License-Identifier: Apache-2.0
+ *
+ * comm.c - communicators: creation over a store, local splits, destroy/abort, accessors.
+ *
+ * A split is purely local: its id is a hash of the parent's id, the member list and how many
+ * splits with that member list the parent made before, so members agree on it without talking.
+ */
+#include "core/core.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/auth.h"
+
+static xccl_comm_t *comm_alloc(xccl_ctx_t *ctx, int rank, int size, const char *name)
+{
+    xccl_comm_t *c = calloc(1, sizeof(*c));
+
+    if (c == NULL) return NULL;
+    c->world = calloc((size_t)size, sizeof(int));
+    if (c->world == NULL) {
+        free(c);
+        return NULL;
+    }
+    c->ctx  = ctx;
+    c->rank = rank;
+    c->size = size;
+    snprintf(c->name, sizeof(c->name), "%s", name && *name ? name : "world");
+    return c;
+}
+
+xccl_status_t xccl_comm_create(const xccl_comm_config_t *cfg, xccl_comm_t **out)
+{
+    xccl_comm_config_t c2;
+    xccl_ctx_t        *ctx;
+    xccl_comm_t       *c;
+    xccl_status_t      st;
+
+    if (cfg == NULL || out == NULL || cfg->store == NULL)
+        return XCCL_ERROR(XCCL_ERR_INVALID_ARG, "comm create: config, store and out are required");
+    if (cfg->size < 1 || cfg->rank < 0 || cfg->rank >= cfg->size)
+        return XCCL_ERROR(XCCL_ERR_INVALID_ARG, "comm create: rank %d is not in [0, %d)",
+                          cfg->rank, cfg->size);
+    c2 = *cfg;
+    if (c2.timeout_ms <= 0) c2.timeout_ms = xccl_env_int("XCCL_TIMEOUT_MS", 600000);
+    st = xccl_ctx_create(&c2, &ctx);
+    if (st < 0) return st;
+    c = comm_alloc(ctx, cfg->rank, cfg->size, cfg->name);
+    if (c == NULL) {
+        xccl_ctx_release(ctx);
+        return XCCL_ERROR(XCCL_ERR_NO_MEMORY, "comm create: out of memory");
+    }
+    for (int i = 0; i < cfg->size; i++) c->world[i] = i;
+    c->id         = ctx->job_id;
+    c->timeout_ms = c2.timeout_ms;
+    ctx->comms    = c;
+    *out          = c;
+    XCCL_INFO("comm '%s' rank %d/%d created (job %016llx)", c->name, c->rank, c->size,
+              (unsigned long long)c->id);
+    return XCCL_OK;
+}
+
+xccl_status_t xccl_comm_split(xccl_comm_t *parent, int nranks, const int *ranks, const char *name,
+                              xccl_comm_t **out)
+{
+    xccl_ctx_t   *ctx;
+    xccl_comm_t  *c;
+    int           me = -1;
+    xccl_sha256_t h;
+    uint8_t       digest[XCCL_SHA256_LEN];
+    uint64_t      nth = 0;
+
+    if (parent == NULL || ranks == NULL || out == NULL || nranks < 1)
+        return XCCL_ERROR(XCCL_ERR_INVALID_ARG, "comm split: a non-empty rank list is required");
+    if (parent->destroyed)
+        return XCCL_ERROR(XCCL_ERR_INVALID_USAGE, "comm split: parent comm '%s' was destroyed",
+                          parent->name);
+    for (int i = 0; i < nranks; i++) {
+        if (ranks[i] < 0 || ranks[i] >= parent->size)
+            return XCCL_ERROR(XCCL_ERR_INVALID_ARG,
+                              "comm split: rank %d is not in the parent's range [0, %d)", ranks[i],
+                              parent->size);
+        for (int j = 0; j < i; j++) {
+            if (ranks[j] == ranks[i])
+                return XCCL_ERROR(XCCL_ERR_INVALID_ARG, "comm split: rank %d is listed twice",
+                                  ranks[i]);
+        }
+        if (ranks[i] == parent->rank) me = i;
+    }
+    if (me < 0)
+        return XCCL_ERROR(XCCL_ERR_INVALID_ARG,
+                          "comm split: rank %d is not a member of the new communicator",
+                          parent->rank);
+    ctx = parent->ctx;
+    c   = comm_alloc(ctx, me, nranks, name);
+    if (c == NULL) return XCCL_ERROR(XCCL_ERR_NO_MEMORY, "comm split: out of memory");
+    for (int i = 0; i < nranks; i++) c->world[i] = parent->world[ranks[i]];
+    c->timeout_ms = parent->timeout_ms;
+
+    pthread_mutex_lock(&ctx->lock);
+    /* how many splits of the parent had this exact member list before */
+    for (xccl_comm_t *o = ctx->comms; o != NULL; o = o->next) {
+        if (o->size == nranks && o->parent_id == parent->id &&
+            memcmp(o->world, c->world, (size_t)nranks * sizeof(int)) == 0)
+            nth++;
+    }
+    xccl_sha256_init(&h);
+    xccl_sha256_update(&h, &parent->id, sizeof(parent->id));
+    xccl_sha256_update(&h, c->world, (size_t)nranks * sizeof(int));
+    xccl_sha256_update(&h, &nth, sizeof(nth));
+    xccl_sha256_final(&h, digest);
+    memcpy(&c->id, digest, sizeof(c->id));
+    c->parent_id = parent->id;
+    c->next    = ctx->comms;
+    ctx->comms = c;
+    ctx->refcount++;
+    pthread_mutex_unlock(&ctx->lock);
+    *out = c;
+    return XCCL_OK;
+}
+
+void xccl_comm_fail_all(xccl_comm_t *comm, xccl_status_t st, const char *why)
+{
+    xccl_ctx_t *ctx = comm->ctx;
+    int         again;
+
+    do {
+        again = 0;
+        for (xccl_work_t *w = ctx->active_head; w != NULL; w = w->next) {
+            if (w->comm == comm) {
+                xccl_work_finish(w, st, why);
+                again = 1; /* the list changed */
+                break;
+            }
+        }
+    } while (again);
+}
+
+static void comm_shutdown(xccl_comm_t *comm, const char *what)
+{
+    xccl_ctx_t *ctx = comm->ctx;
+    char        why[160];
+
+    pthread_mutex_lock(&ctx->lock);
+    if (comm->destroyed) {
+        pthread_mutex_unlock(&ctx->lock);
+        return;
+    }
+    snprintf(why, sizeof(why), "comm '%s' was %s", comm->name, what);
+    comm->destroyed   = 1;
+    comm->async_error = XCCL_ERR_ABORTED;
+    xccl_comm_fail_all(comm, XCCL_ERR_ABORTED, why);
+    /* unexpected messages of this comm will never be received */
+    for (xccl_umsg_t *u = ctx->unexp_head; u != NULL; u = u->next) {
+        if (u->hdr.comm_id == comm->id && u->waiter == NULL) u->hdr.tag = ~0ull;
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    xccl_ctx_run_callbacks(ctx);
+}
+
+void xccl_comm_abort(xccl_comm_t *comm)
+{
+    if (comm != NULL) comm_shutdown(comm, "aborted");
+}
+
+void xccl_comm_destroy(xccl_comm_t *comm)
+{
+    if (comm == NULL) return;
+    comm_shutdown(comm, "destroyed");
+    xccl_ctx_release(comm->ctx);
+}
+
+int      xccl_comm_rank(const xccl_comm_t *comm) { return comm->rank; }
+int      xccl_comm_size(const xccl_comm_t *comm) { return comm->size; }
+uint64_t xccl_comm_id(const xccl_comm_t *comm) { return comm->id; }
+
+int xccl_comm_global_rank(const xccl_comm_t *comm, int rank)
+{
+    if (rank < 0 || rank >= comm->size) return -1;
+    return comm->world[rank];
+}
+
+int xccl_comm_rank_of_world(const xccl_comm_t *comm, int world_rank)
+{
+    for (int i = 0; i < comm->size; i++) {
+        if (comm->world[i] == world_rank) return i;
+    }
+    return -1;
+}
+
+const char *xccl_comm_peer_transport(const xccl_comm_t *comm, int peer)
+{
+    int w;
+
+    if (peer < 0 || peer >= comm->size) return "?";
+    w = comm->world[peer];
+    if (w == comm->ctx->rank) return "self";
+    return comm->ctx->tp[comm->ctx->peer_tp[w]].ops->name;
+}
+
+xccl_status_t xccl_comm_async_error(const xccl_comm_t *comm) { return comm->async_error; }
+
+xccl_comm_t *xccl_ctx_find_comm(xccl_ctx_t *ctx, uint64_t id)
+{
+    for (xccl_comm_t *c = ctx->comms; c != NULL; c = c->next) {
+        if (c->id == id) return c;
+    }
+    return NULL;
+}

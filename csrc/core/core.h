@@ -1,0 +1,253 @@
+/* SPDX-License-Identifier: Apache-2.0
+ *
+ * core.h - internal structures of the engine: the context (transports, matching, progress),
+ * communicators, requests and Work.
+ *
+ * Ownership and locking
+ *   A context (xccl_ctx) is created with a world communicator and shared by every communicator
+ *   split from it. ctx->lock serialises everything that touches transports, the matching queues
+ *   and the active-work list; algorithms run under it. Transports call the upcalls in ctx.c
+ *   with the lock held. Work completion callbacks run after the lock is released.
+ *
+ * Tags (64 bits, compared whole; see tag_* below)
+ *   kind (2 bits) | payload (62 bits)
+ *     P2P:   the user's tag (32 bits)
+ *     COLL:  seq (42 bits) << 20 | algorithm step (20 bits)
+ *     CTRL:  control messages handled at match time (mismatch notices)
+ */
+#ifndef XCCL_CORE_CORE_H
+#define XCCL_CORE_CORE_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "algo/algo.h"
+#include "core/check.h"
+#include "xccl/xccl.h"
+#include "xccl/xccl_transport.h"
+
+#define XCCL_MAX_TRANSPORTS 4
+
+enum { TAG_KIND_P2P = 0, TAG_KIND_COLL = 1, TAG_KIND_CTRL = 2 };
+
+static inline uint64_t tag_p2p(uint32_t tag) { return (uint64_t)tag; }
+static inline uint64_t tag_coll(uint64_t seq, uint32_t step)
+{
+    return ((uint64_t)TAG_KIND_COLL << 62) | ((seq & ((1ull << 42) - 1)) << 20) | step;
+}
+static inline uint64_t tag_ctrl(uint64_t seq) { return ((uint64_t)TAG_KIND_CTRL << 62) | seq; }
+static inline int      tag_kind(uint64_t tag) { return (int)(tag >> 62); }
+static inline uint64_t tag_seq(uint64_t tag) { return (tag >> 20) & ((1ull << 42) - 1); }
+static inline uint32_t tag_step(uint64_t tag) { return (uint32_t)(tag & XCCL_STEP_MAX); }
+
+/* Fingerprint of a collective call: coll(4) dtype(4) op(4) root(12) count(40). */
+uint64_t xccl_fp_make(xccl_coll_t coll, xccl_dtype_t dtype, xccl_op_t op, int root,
+                      uint64_t count);
+/* "all_reduce(dtype=float32, count=10, op=sum)" into buf. */
+const char *xccl_fp_str(uint64_t fp, char *buf, size_t len);
+
+typedef struct xccl_ctx  xccl_ctx_t;
+typedef struct xccl_req  xccl_req_t;
+typedef struct xccl_umsg xccl_umsg_t;
+
+typedef enum { REQ_SEND, REQ_RECV } req_kind_t;
+
+/* One send or receive. Sends live in a transport until send_done; receives sit in the posted
+ * queue until a message matches, then in a transport until recv_done. */
+enum { COOKIE_REQ = 0x52455131, COOKIE_UMSG = 0x554d5347 };
+
+struct xccl_req {
+    int          ctype;   /* COOKIE_REQ: upcall cookies are requests or unexpected messages */
+    req_kind_t   kind;
+    int          state;   /* REQ_POSTED, REQ_ACTIVE (in a transport), REQ_DONE            */
+    xccl_status_t status; /* XCCL_INPROGRESS until done                                  */
+    int          peer;    /* world rank; XCCL_ANY_SOURCE for any-source receives           */
+    int          src;     /* world rank the matched message came from                      */
+    uint64_t     comm_id;
+    uint64_t     tag;
+    uint64_t     fp;
+    void        *buf;
+    size_t       nbytes;  /* capacity (recv) or length (send)                               */
+    size_t       received;
+    uint32_t     step;
+    uint64_t     t0, t1;  /* trace times                                                    */
+    void        *trash;   /* recv: drain buffer when the message is too large               */
+    xccl_umsg_t *umsg;    /* recv: unexpected message being completed into this request     */
+    xccl_work_t *work;    /* owner                                                          */
+    xccl_req_t  *next;    /* posted queue / work's request list                            */
+    xccl_req_t  *wnext;
+};
+
+/* A message that arrived before its receive was posted. */
+struct xccl_umsg {
+    int            ctype; /* COOKIE_UMSG */
+    int            src;   /* world rank */
+    xccl_msg_hdr_t hdr;
+    void          *data;
+    int            done; /* payload fully arrived */
+    xccl_status_t  status;
+    xccl_req_t    *waiter; /* receive matched while the payload was still arriving */
+    xccl_umsg_t   *next;
+};
+
+/* Communicator memory belongs to its context and is freed with it, so Works may point at their
+ * communicator for as long as they live without reference counting. */
+struct xccl_comm {
+    xccl_ctx_t  *ctx;
+    uint64_t     id;
+    int          rank, size;
+    int         *world; /* world rank of each comm rank                                    */
+    uint64_t     next_seq;
+    uint64_t     parent_id; /* id of the communicator it was split from (0: none)        */
+    int64_t      timeout_ms;
+    int          destroyed;
+    xccl_status_t async_error;
+    char         name[64];
+    /* tracing (trace.c): a ring of events, off when trace_cap == 0 */
+    xccl_trace_event_t *trace;
+    size_t              trace_cap, trace_head, trace_n;
+    uint64_t            trace_dropped;
+    /* flight recorder: the last XCCL_FLIGHT_LEN finished operations */
+    struct xccl_flight {
+        uint64_t      seq;
+        const char   *name;
+        const char   *algo;
+        xccl_status_t status;
+        uint64_t      t_enq, t_end;
+    } flight[32];
+    uint64_t     nflight;
+    xccl_comm_t *next; /* ctx->comms */
+};
+
+typedef enum { WORK_P2P, WORK_COLL } work_kind_t;
+
+struct xccl_task {
+    const xccl_algo_t *algo;
+    xccl_coll_args_t   args;
+    uint64_t           state[XCCL_TASK_STATE_WORDS];
+    xccl_req_t        *reqs; /* pending requests of the current phase                      */
+    int                npending;
+    void              *scratch;
+    size_t             scratch_len;
+    xccl_work_t       *work;
+};
+
+struct xccl_work {
+    atomic_int    refcount;
+    work_kind_t   kind;
+    xccl_comm_t  *comm;
+    _Atomic int   status;   /* XCCL_INPROGRESS, XCCL_OK or an error                      */
+    int           active;   /* on ctx->active                                              */
+    char         *errmsg;
+    const char   *name;
+    uint64_t      seq;
+    uint64_t      fp;
+    uint64_t      t_enq, t_start, t_end;
+    int64_t       deadline_ms;
+    int64_t       timeout_ms;
+    /* p2p */
+    xccl_req_t   *req;
+    /* coll */
+    xccl_task_t   task;
+    xccl_op_t     user_op;
+    double        premul;
+    void         *tmp;     /* prologue copy (PREMUL_SUM scaling, in-place inputs)          */
+    size_t       *vcounts; /* ALLTOALLV: private copy of counts and displacements          */
+    /* completion callback */
+    xccl_work_cb_t cb;
+    void          *cb_arg;
+    int            async_counted; /* counted in ctx->nasync (background progress wanted)   */
+    xccl_work_t   *next;  /* ctx->active                                                  */
+    xccl_work_t   *cnext; /* completion list                                              */
+};
+
+typedef struct tp_slot {
+    const xccl_transport_ops_t *ops;
+    xccl_tp_ctx_t              *ctx;
+} tp_slot_t;
+
+struct xccl_ctx {
+    pthread_mutex_t   lock;
+    pthread_cond_t    cond;
+    xccl_tp_upcalls_t up;
+    int               refcount; /* communicators not destroyed yet (under lock)          */
+    int               rank, size;
+    uint64_t          job_id;
+    xccl_peer_info_t *peers;
+    tp_slot_t         tp[XCCL_MAX_TRANSPORTS];
+    int               ntp;
+    int8_t           *peer_tp;   /* transport index per world rank (-1: self)             */
+    char            **peer_dead; /* reason, or NULL while the peer is healthy            */
+    xccl_req_t       *posted_head, *posted_tail;
+    xccl_umsg_t      *unexp_head, *unexp_tail;
+    xccl_work_t      *active_head, *active_tail;
+    xccl_comm_t      *comms;
+    int               nwaiters;   /* threads inside xccl_work_wait                         */
+    int               nasync;     /* active works nobody is waiting on                     */
+    pthread_t         thread;
+    int               thread_started;
+    int               stopping;
+    int64_t           spin_ns;
+    xccl_work_t      *done_head;  /* completed works whose callbacks must run             */
+};
+
+/* ctx.c */
+xccl_status_t xccl_ctx_create(const xccl_comm_config_t *cfg, xccl_ctx_t **out);
+/* Drops a communicator's reference; the last one tears the context down: waits for waiters to
+ * leave, stops the progress thread, finalizes transports, frees every communicator. Lock NOT
+ * held; never called from a transport upcall. */
+void          xccl_ctx_release(xccl_ctx_t *ctx);
+/* One pass over transports and active works. Lock held. Returns events handled. */
+int           xccl_ctx_progress_locked(xccl_ctx_t *ctx);
+/* Sleeps up to timeout_ms in the transports (lock NOT held). */
+void          xccl_ctx_sleep(xccl_ctx_t *ctx, int timeout_ms);
+/* Runs the callbacks of completed works (lock NOT held). */
+void          xccl_ctx_run_callbacks(xccl_ctx_t *ctx);
+void          xccl_ctx_wake_thread(xccl_ctx_t *ctx); /* lock held */
+void          xccl_ctx_start_thread(xccl_ctx_t *ctx); /* lock held */
+
+/* Posting, under the lock. Errors are reported with XCCL_ERROR. */
+xccl_status_t xccl_req_post_send(xccl_ctx_t *ctx, xccl_req_t *r);
+xccl_status_t xccl_req_post_recv(xccl_ctx_t *ctx, xccl_req_t *r);
+/* Removes a request from the posted queue, or closes its peer when a transport holds it,
+ * so that it is retired with `st`. Lock held. */
+void          xccl_req_cancel(xccl_ctx_t *ctx, xccl_req_t *r, xccl_status_t st, const char *why);
+/* A request finished (called by ctx.c); routes to the owning Work. Lock held. */
+void          xccl_req_finished(xccl_ctx_t *ctx, xccl_req_t *r);
+
+/* work.c */
+xccl_work_t  *xccl_work_new(xccl_comm_t *comm, work_kind_t kind, const char *name,
+                            int64_t timeout_ms);
+/* Records the final status of a Work, takes it off the active list and queues its callback.
+ * Lock held. msg may be NULL (then the thread's last error is used for errors). */
+void          xccl_work_finish(xccl_work_t *w, xccl_status_t st, const char *msg);
+/* Adds a posted Work to the active list; unless `blocking`, counts it for the background
+ * progress thread (started on first use). Lock held. */
+void          xccl_work_activate(xccl_work_t *w, int blocking);
+/* Advances one Work (collective algorithm or p2p request). Lock held. */
+void          xccl_work_progress_locked(xccl_work_t *w);
+/* Fails a Work that passed its deadline, naming what it waits for. Lock held. */
+void          xccl_work_expire(xccl_work_t *w);
+
+/* coll.c: a mismatch notice (control message) is complete; 1 if it was consumed. */
+int           xccl_coll_ctrl_arrived(xccl_ctx_t *ctx, xccl_umsg_t *u);
+/* coll.c: fail the comm's collective `seq` with a mismatch (lock held). */
+void          xccl_coll_mismatch(xccl_comm_t *comm, uint64_t seq, int peer_rank, uint64_t peer_fp,
+                                 int notify);
+void          xccl_comm_fail_all(xccl_comm_t *comm, xccl_status_t st, const char *why);
+xccl_comm_t  *xccl_ctx_find_comm(xccl_ctx_t *ctx, uint64_t id);
+int           xccl_comm_rank_of_world(const xccl_comm_t *comm, int world_rank);
+
+/* explain.c: the α-β-γ model used for selection. */
+const xccl_cost_model_t *xccl_core_default_model(void);
+
+/* trace.c (lock held) */
+void          xccl_trace_req(xccl_req_t *r);
+void          xccl_trace_reduce(xccl_task_t *t, const void *dst, size_t nbytes, uint64_t t0);
+void          xccl_flight_record(xccl_work_t *w);
+
+/* transport.c: the only file that names backends. */
+const xccl_transport_ops_t *const *xccl_transport_list(void);
+
+#endif /* XCCL_CORE_CORE_H */

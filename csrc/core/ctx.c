@@ -1,0 +1,836 @@
+/* SPDX-License-Identifier: Apache-2.0
+ *
+ * ctx.c - the context: bootstrap through the store, transport wire-up, message matching (the
+ * transport upcalls), the progress pass and the background progress thread.
+ *
+ * Bootstrap (keys under "xccl/g<gen>/", gen counted with store add so a store can be reused):
+ *   1. rank 0 publishes a random job id                           key "job"
+ *   2. every rank publishes its peer info                          key "info/<rank>"
+ *   3. transports are initialised knowing every peer's info, and every rank publishes the
+ *      address blobs of the transports it could start              key "addr/<rank>"
+ *   4. each peer gets the preferred transport both ends have and that reaches it; each
+ *      transport wires up the peers it serves.
+ *
+ * Matching: receives are matched in posting order against (comm id, tag, source); messages
+ * without a posted receive are kept as unexpected messages (staged in memory) in arrival order.
+ */
+#include "core/core.h"
+
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/auth.h"
+
+enum { REQ_POSTED = 1, REQ_ACTIVE = 2, REQ_DONE = 3 };
+
+/* ------------------------------------------------------------------------------------------ */
+/* Bootstrap helpers                                                                           */
+/* ------------------------------------------------------------------------------------------ */
+
+static uint64_t hash64(const void *data, size_t len, uint64_t seed)
+{
+    uint8_t       digest[XCCL_SHA256_LEN];
+    xccl_sha256_t s;
+    uint64_t      h;
+
+    xccl_sha256_init(&s);
+    xccl_sha256_update(&s, &seed, sizeof(seed));
+    xccl_sha256_update(&s, data, len);
+    xccl_sha256_final(&s, digest);
+    memcpy(&h, digest, sizeof(h));
+    return h;
+}
+
+static void local_peer_info(xccl_peer_info_t *pi)
+{
+    char  buf[512] = {0};
+    char  host[256] = {0};
+    FILE *f;
+    char  ns[64] = {0};
+
+    f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (f != NULL) {
+        if (fgets(buf, sizeof(buf) - sizeof(host), f) == NULL) buf[0] = '\0';
+        fclose(f);
+    }
+    if (gethostname(host, sizeof(host) - 1) != 0) host[0] = '\0';
+    strncat(buf, host, sizeof(buf) - strlen(buf) - 1);
+    memset(pi, 0, sizeof(*pi));
+    pi->host_id  = hash64(buf, strlen(buf), 0x686f7374);
+    pi->pid      = (int32_t)getpid();
+    pi->cuda_dev = -1;
+    if (readlink("/proc/self/ns/ipc", ns, sizeof(ns) - 1) > 0) pi->ipc_ns = hash64(ns, strlen(ns), 1);
+}
+
+/* Address record: [u32 ntp] then per transport [char name[16]][u32 len][blob]. */
+typedef struct addr_rec {
+    int         ntp;
+    char        names[XCCL_MAX_TRANSPORTS][16];
+    size_t      lens[XCCL_MAX_TRANSPORTS];
+    const void *blobs[XCCL_MAX_TRANSPORTS];
+} addr_rec_t;
+
+static xccl_status_t addr_parse(const uint8_t *p, size_t len, int rank, addr_rec_t *r)
+{
+    size_t   off = 4;
+    uint32_t n;
+
+    if (len < 4) goto bad;
+    memcpy(&n, p, 4);
+    if (n > XCCL_MAX_TRANSPORTS) goto bad;
+    r->ntp = (int)n;
+    for (int i = 0; i < r->ntp; i++) {
+        uint32_t l;
+        if (off + 20 > len) goto bad;
+        memcpy(r->names[i], p + off, 16);
+        r->names[i][15] = '\0';
+        memcpy(&l, p + off + 16, 4);
+        off += 20;
+        if (l > XCCL_TP_ADDR_MAX || off + l > len) goto bad;
+        r->lens[i]  = l;
+        r->blobs[i] = p + off;
+        off += l;
+    }
+    return XCCL_OK;
+bad:
+    return XCCL_ERROR(XCCL_ERR_REMOTE, "bootstrap: malformed address record from rank %d", rank);
+}
+
+/* Transport preference: $XCCL_TRANSPORTS / cfg order if given, else priority order. */
+static int select_transports(const char *spec, const xccl_transport_ops_t **out)
+{
+    const xccl_transport_ops_t *const *all = xccl_transport_list();
+    int                                n   = 0;
+
+    if (spec != NULL && *spec != '\0' && strcmp(spec, "auto") != 0) {
+        char  buf[256];
+        char *save = NULL;
+        snprintf(buf, sizeof(buf), "%s", spec);
+        for (char *tok = strtok_r(buf, ", ", &save); tok; tok = strtok_r(NULL, ", ", &save)) {
+            for (int i = 0; all[i] != NULL; i++) {
+                if (strcmp(all[i]->name, tok) == 0 && n < XCCL_MAX_TRANSPORTS) out[n++] = all[i];
+            }
+        }
+        return n;
+    }
+    for (int i = 0; all[i] != NULL && n < XCCL_MAX_TRANSPORTS; i++) out[n++] = all[i];
+    for (int i = 1; i < n; i++) { /* insertion sort by priority, highest first */
+        const xccl_transport_ops_t *t = out[i];
+        int                         j = i - 1;
+        while (j >= 0 && out[j]->priority < t->priority) {
+            out[j + 1] = out[j];
+            j--;
+        }
+        out[j + 1] = t;
+    }
+    return n;
+}
+
+static void ctx_free(xccl_ctx_t *ctx)
+{
+    if (ctx == NULL) return;
+    for (int i = 0; i < ctx->ntp; i++) {
+        if (ctx->tp[i].ctx != NULL) ctx->tp[i].ops->finalize(ctx->tp[i].ctx);
+    }
+    while (ctx->unexp_head != NULL) {
+        xccl_umsg_t *u  = ctx->unexp_head;
+        ctx->unexp_head = u->next;
+        free(u->data);
+        free(u);
+    }
+    if (ctx->peer_dead != NULL) {
+        for (int i = 0; i < ctx->size; i++) free(ctx->peer_dead[i]);
+    }
+    while (ctx->comms != NULL) {
+        xccl_comm_t *c = ctx->comms;
+        ctx->comms     = c->next;
+        free(c->trace);
+        free(c->world);
+        free(c);
+    }
+    free(ctx->peer_dead);
+    free(ctx->peer_tp);
+    free(ctx->peers);
+    pthread_mutex_destroy(&ctx->lock);
+    pthread_cond_destroy(&ctx->cond);
+    free(ctx);
+}
+
+static const xccl_tp_upcalls_t *ctx_upcalls(xccl_ctx_t *ctx);
+
+xccl_status_t xccl_ctx_create(const xccl_comm_config_t *cfg, xccl_ctx_t **out)
+{
+    xccl_ctx_t                 *ctx = calloc(1, sizeof(*ctx));
+    const xccl_transport_ops_t *cand[XCCL_MAX_TRANSPORTS];
+    int                         ncand;
+    int64_t                     gen_v;
+    char                        prefix[64], key[96];
+    void                       *val   = NULL;
+    size_t                      vlen  = 0;
+    xccl_status_t               st    = XCCL_OK;
+    int64_t                     tmo   = cfg->timeout_ms;
+    int64_t                     t_end = xccl_now_ms() + tmo;
+    uint8_t                    *rec   = NULL;
+    addr_rec_t                 *recs  = NULL;
+    void                      **raw   = NULL;
+    const char                 *spec  = cfg->transports ? cfg->transports : getenv("XCCL_TRANSPORTS");
+    const void                 *key_p = cfg->auth_key;
+    size_t                      key_l = cfg->auth_key_len;
+
+    if (ctx == NULL) return XCCL_ERROR(XCCL_ERR_NO_MEMORY, "comm create: out of memory");
+    pthread_mutex_init(&ctx->lock, NULL);
+    pthread_cond_init(&ctx->cond, NULL);
+    ctx->rank    = cfg->rank;
+    ctx->size    = cfg->size;
+    ctx->spin_ns = xccl_env_int("XCCL_SPIN_US", 50) * 1000;
+    ctx->peers   = calloc((size_t)cfg->size, sizeof(*ctx->peers));
+    ctx->peer_tp = calloc((size_t)cfg->size, sizeof(*ctx->peer_tp));
+    ctx->peer_dead = calloc((size_t)cfg->size, sizeof(char *));
+    recs         = calloc((size_t)cfg->size, sizeof(*recs));
+    raw          = calloc((size_t)cfg->size, sizeof(void *));
+    if (!ctx->peers || !ctx->peer_tp || !ctx->peer_dead || !recs || !raw) {
+        st = XCCL_ERROR(XCCL_ERR_NO_MEMORY, "comm create: out of memory");
+        goto out;
+    }
+    if (key_p == NULL) {
+        const char *env = getenv("XCCL_AUTH_KEY");
+        if (env != NULL && *env != '\0') {
+            key_p = env;
+            key_l = strlen(env);
+        }
+    }
+
+    /* 1. generation and job id */
+    XCCL_CHECK_GOTO(xccl_store_add(cfg->store, "xccl/gen", 1, &gen_v), st, out);
+    snprintf(prefix, sizeof(prefix), "xccl/g%lld/", (long long)((gen_v - 1) / cfg->size));
+    snprintf(key, sizeof(key), "%sjob", prefix);
+    if (cfg->rank == 0) {
+        uint64_t id;
+        XCCL_CHECK_GOTO(xccl_random_bytes(&id, sizeof(id)), st, out);
+        XCCL_CHECK_GOTO(xccl_store_set(cfg->store, key, &id, sizeof(id)), st, out);
+    }
+    XCCL_CHECK_GOTO(xccl_store_get(cfg->store, key, tmo, &val, &vlen), st, out);
+    if (vlen != sizeof(ctx->job_id)) {
+        st = XCCL_ERROR(XCCL_ERR_REMOTE, "bootstrap: bad job id record");
+        goto out;
+    }
+    memcpy(&ctx->job_id, val, sizeof(ctx->job_id));
+    free(val);
+    val = NULL;
+
+    /* 2. peer infos */
+    local_peer_info(&ctx->peers[cfg->rank]);
+    snprintf(key, sizeof(key), "%sinfo/%d", prefix, cfg->rank);
+    XCCL_CHECK_GOTO(xccl_store_set(cfg->store, key, &ctx->peers[cfg->rank],
+                                   sizeof(xccl_peer_info_t)), st, out);
+    for (int r = 0; r < cfg->size; r++) {
+        if (r == cfg->rank) continue;
+        snprintf(key, sizeof(key), "%sinfo/%d", prefix, r);
+        st = xccl_store_get(cfg->store, key, t_end - xccl_now_ms(), &val, &vlen);
+        if (st == XCCL_ERR_TIMEOUT) {
+            st = XCCL_ERROR(XCCL_ERR_TIMEOUT,
+                            "comm create on rank %d: rank %d did not join within %.1f s",
+                            cfg->rank, r, (double)tmo / 1000.0);
+            goto out;
+        }
+        if (st < 0) goto out;
+        if (vlen != sizeof(xccl_peer_info_t)) {
+            st = XCCL_ERROR(XCCL_ERR_REMOTE, "bootstrap: bad peer info from rank %d", r);
+            goto out;
+        }
+        memcpy(&ctx->peers[r], val, vlen);
+        free(val);
+        val = NULL;
+    }
+
+    /* 3. transports */
+    ncand = select_transports(spec, cand);
+    if (ncand == 0) {
+        st = XCCL_ERROR(XCCL_ERR_INVALID_ARG, "no transport matches XCCL_TRANSPORTS='%s'",
+                        spec ? spec : "");
+        goto out;
+    }
+    {
+        xccl_tp_init_params_t p = {
+            .rank = cfg->rank, .size = cfg->size, .job_id = ctx->job_id, .peers = ctx->peers,
+            .auth_key = key_p, .auth_key_len = key_p ? key_l : 0, .up = ctx_upcalls(ctx),
+        };
+        size_t off;
+        rec = calloc(1, 4 + (size_t)XCCL_MAX_TRANSPORTS * (20 + XCCL_TP_ADDR_MAX));
+        if (rec == NULL) {
+            st = XCCL_ERROR(XCCL_ERR_NO_MEMORY, "comm create: out of memory");
+            goto out;
+        }
+        off = 4;
+        for (int i = 0; i < ncand; i++) {
+            xccl_tp_ctx_t *tc = NULL;
+            size_t         alen = XCCL_TP_ADDR_MAX;
+            uint32_t       l32;
+            if (cand[i]->abi_version != XCCL_TRANSPORT_ABI_VERSION) continue;
+            st = cand[i]->init(&p, &tc);
+            if (st == XCCL_ERR_NOT_SUPPORTED) {
+                XCCL_INFO("transport %s not available here", cand[i]->name);
+                continue;
+            }
+            if (st < 0) goto out;
+            ctx->tp[ctx->ntp].ops = cand[i];
+            ctx->tp[ctx->ntp].ctx = tc;
+            ctx->ntp++;
+            XCCL_CHECK_GOTO(cand[i]->get_addr(tc, rec + off + 20, &alen), st, out);
+            strncpy((char *)rec + off, cand[i]->name, 15);
+            l32 = (uint32_t)alen;
+            memcpy(rec + off + 16, &l32, 4);
+            off += 20 + alen;
+        }
+        {
+            uint32_t n32 = (uint32_t)ctx->ntp;
+            memcpy(rec, &n32, 4);
+        }
+        snprintf(key, sizeof(key), "%saddr/%d", prefix, cfg->rank);
+        XCCL_CHECK_GOTO(xccl_store_set(cfg->store, key, rec, off), st, out);
+    }
+    for (int r = 0; r < cfg->size; r++) {
+        if (r == cfg->rank) continue;
+        snprintf(key, sizeof(key), "%saddr/%d", prefix, r);
+        st = xccl_store_get(cfg->store, key, t_end - xccl_now_ms(), &raw[r], &vlen);
+        if (st < 0) goto out;
+        XCCL_CHECK_GOTO(addr_parse(raw[r], vlen, r, &recs[r]), st, out);
+    }
+
+    /* 4. per-peer transport choice and wire-up */
+    for (int r = 0; r < cfg->size; r++) {
+        ctx->peer_tp[r] = -1;
+        if (r == cfg->rank) continue;
+        for (int i = 0; i < ctx->ntp && ctx->peer_tp[r] < 0; i++) {
+            for (int j = 0; j < recs[r].ntp; j++) {
+                if (strcmp(recs[r].names[j], ctx->tp[i].ops->name) == 0 &&
+                    ctx->tp[i].ops->reachable(ctx->tp[i].ctx, r)) {
+                    ctx->peer_tp[r] = (int8_t)i;
+                    break;
+                }
+            }
+        }
+        if (ctx->peer_tp[r] < 0) {
+            st = XCCL_ERROR(XCCL_ERR_NOT_SUPPORTED,
+                            "comm create on rank %d: no common transport reaches rank %d",
+                            cfg->rank, r);
+            goto out;
+        }
+    }
+    for (int i = 0; i < ctx->ntp; i++) {
+        const void **addrs = calloc((size_t)cfg->size, sizeof(void *));
+        size_t      *lens  = calloc((size_t)cfg->size, sizeof(size_t));
+        uint8_t     *use   = calloc((size_t)cfg->size, 1);
+        int          any   = 0;
+        if (!addrs || !lens || !use) {
+            free(addrs), free(lens), free(use);
+            st = XCCL_ERROR(XCCL_ERR_NO_MEMORY, "comm create: out of memory");
+            goto out;
+        }
+        for (int r = 0; r < cfg->size; r++) {
+            if (ctx->peer_tp[r] != i) continue;
+            for (int j = 0; j < recs[r].ntp; j++) {
+                if (strcmp(recs[r].names[j], ctx->tp[i].ops->name) == 0) {
+                    addrs[r] = recs[r].blobs[j];
+                    lens[r]  = recs[r].lens[j];
+                }
+            }
+            use[r] = 1;
+            any    = 1;
+        }
+        st = ctx->tp[i].ops->wireup(ctx->tp[i].ctx, addrs, lens, use,
+                                    any ? t_end - xccl_now_ms() : 0);
+        free(addrs), free(lens), free(use);
+        if (st < 0) goto out;
+    }
+    st = XCCL_OK;
+
+out:
+    free(val);
+    free(rec);
+    if (raw != NULL) {
+        for (int r = 0; r < cfg->size; r++) free(raw[r]);
+    }
+    free(raw);
+    free(recs);
+    if (st < 0) {
+        ctx_free(ctx);
+        return st;
+    }
+    ctx->refcount = 1;
+    *out          = ctx;
+    return XCCL_OK;
+}
+
+static void *progress_thread_main(void *arg);
+
+void xccl_ctx_release(xccl_ctx_t *ctx)
+{
+    int last;
+
+    pthread_mutex_lock(&ctx->lock);
+    last = --ctx->refcount == 0;
+    if (last) {
+        ctx->stopping = 1;
+        pthread_cond_broadcast(&ctx->cond);
+        for (int i = 0; i < ctx->ntp; i++) {
+            if (ctx->tp[i].ops->wake) ctx->tp[i].ops->wake(ctx->tp[i].ctx);
+        }
+    }
+    while (last && ctx->nwaiters > 0) pthread_cond_wait(&ctx->cond, &ctx->lock);
+    pthread_mutex_unlock(&ctx->lock);
+    if (!last) return;
+    if (ctx->thread_started && !pthread_equal(ctx->thread, pthread_self()))
+        pthread_join(ctx->thread, NULL);
+    else if (ctx->thread_started)
+        pthread_detach(ctx->thread);
+    /* Works still referenced by users no longer touch the context: xccl_comm_destroy failed
+     * them and retired their requests before the last reference went. */
+    ctx_free(ctx);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Matching                                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+static int req_matches(const xccl_req_t *r, int src, const xccl_msg_hdr_t *h)
+{
+    return r->comm_id == h->comm_id && r->tag == h->tag &&
+           (r->peer == src || r->peer == XCCL_ANY_SOURCE);
+}
+
+static void posted_unlink(xccl_ctx_t *ctx, xccl_req_t *r)
+{
+    xccl_req_t **pp   = &ctx->posted_head;
+    xccl_req_t  *prev = NULL;
+
+    while (*pp != NULL && *pp != r) {
+        prev = *pp;
+        pp   = &(*pp)->next;
+    }
+    if (*pp == NULL) return;
+    *pp = r->next;
+    if (ctx->posted_tail == r) ctx->posted_tail = prev;
+    r->next = NULL;
+}
+
+static void umsg_unlink(xccl_ctx_t *ctx, xccl_umsg_t *u)
+{
+    xccl_umsg_t **pp   = &ctx->unexp_head;
+    xccl_umsg_t  *prev = NULL;
+
+    while (*pp != NULL && *pp != u) {
+        prev = *pp;
+        pp   = &(*pp)->next;
+    }
+    if (*pp == NULL) return;
+    *pp = u->next;
+    if (ctx->unexp_tail == u) ctx->unexp_tail = prev;
+    u->next = NULL;
+}
+
+/* A request reached its final state. Drops the reference a transport-held request had. */
+static void req_complete(xccl_ctx_t *ctx, xccl_req_t *r, xccl_status_t st)
+{
+    int          was_active = r->state == REQ_ACTIVE;
+    xccl_work_t *w          = r->work;
+
+    r->state  = REQ_DONE;
+    r->status = st;
+    r->t1     = xccl_now_ns();
+    free(r->trash);
+    r->trash = NULL;
+    if (w == NULL) { /* an ownerless control notice */
+        free(r);
+        return;
+    }
+    xccl_trace_req(r);
+    xccl_req_finished(ctx, r);
+    if (was_active) xccl_work_release(w);
+}
+
+/* Copies a fully-arrived unexpected message into a receive and completes it. */
+static void umsg_deliver(xccl_ctx_t *ctx, xccl_umsg_t *u, xccl_req_t *r)
+{
+    xccl_status_t st = u->status;
+
+    r->src      = u->src;
+    r->received = u->hdr.nbytes;
+    if (st == XCCL_OK && u->hdr.nbytes > r->nbytes) {
+        st = XCCL_ERROR(XCCL_ERR_INVALID_USAGE,
+                        "receive buffer of %zu bytes is smaller than the %llu-byte message "
+                        "from rank %d",
+                        r->nbytes, (unsigned long long)u->hdr.nbytes, u->src);
+    } else if (st == XCCL_OK && u->hdr.nbytes > 0) {
+        memcpy(r->buf, u->data, u->hdr.nbytes);
+    }
+    umsg_unlink(ctx, u);
+    free(u->data);
+    free(u);
+    req_complete(ctx, r, st);
+}
+
+static xccl_status_t up_recv_match(void *core, int peer, const xccl_msg_hdr_t *hdr,
+                                   xccl_tp_buf_t *dst, void **cookie)
+{
+    xccl_ctx_t  *ctx     = core;
+    xccl_comm_t *c       = xccl_ctx_find_comm(ctx, hdr->comm_id);
+    int          discard = 0;
+    xccl_req_t  *r;
+    xccl_umsg_t *u;
+
+    dst->mem = XCCL_MEM_HOST;
+    dst->mr  = NULL;
+    if (c != NULL && c->destroyed) {
+        discard = 1; /* late traffic of a destroyed communicator */
+        goto stage;
+    }
+    if (tag_kind(hdr->tag) == TAG_KIND_CTRL) goto stage; /* handled when complete */
+    if (tag_kind(hdr->tag) == TAG_KIND_COLL) {
+        /* check the call's fingerprint against the local collective with that seq */
+        if (c != NULL) {
+            for (xccl_work_t *w = ctx->active_head; w != NULL; w = w->next) {
+                if (w->comm == c && w->kind == WORK_COLL && w->seq == tag_seq(hdr->tag) &&
+                    w->fp != hdr->fp) {
+                    xccl_coll_mismatch(c, w->seq, xccl_comm_rank_of_world(c, peer), hdr->fp, 1);
+                    discard = 1;
+                    goto stage;
+                }
+            }
+        }
+    }
+    for (r = ctx->posted_head; r != NULL; r = r->next) {
+        if (req_matches(r, peer, hdr)) break;
+    }
+    if (r != NULL) {
+        posted_unlink(ctx, r);
+        r->src      = peer;
+        r->received = hdr->nbytes;
+        r->state    = REQ_ACTIVE;
+        xccl_work_retain(r->work);
+        if (hdr->nbytes > r->nbytes) {
+            /* drain into a trash buffer, then fail the receive (no truncation) */
+            r->trash = malloc(hdr->nbytes);
+            if (r->trash == NULL) return XCCL_ERR_NO_MEMORY;
+            r->status = XCCL_ERR_INVALID_USAGE;
+            dst->ptr  = r->trash;
+        } else {
+            dst->ptr = r->buf;
+        }
+        *cookie = r;
+        return XCCL_OK;
+    }
+stage:
+    u = calloc(1, sizeof(*u));
+    if (u == NULL) return XCCL_ERR_NO_MEMORY;
+    u->ctype  = COOKIE_UMSG;
+    u->src    = peer;
+    u->hdr    = *hdr;
+    u->status = XCCL_OK;
+    if (hdr->nbytes > 0) {
+        u->data = malloc(hdr->nbytes);
+        if (u->data == NULL) {
+            free(u);
+            return XCCL_ERROR(XCCL_ERR_NO_MEMORY,
+                              "no memory to stage a %llu-byte message from rank %d",
+                              (unsigned long long)hdr->nbytes, peer);
+        }
+    }
+    if (discard) u->hdr.tag = ~0ull; /* freed when the payload is in */
+    if (ctx->unexp_tail) ctx->unexp_tail->next = u;
+    else ctx->unexp_head = u;
+    ctx->unexp_tail = u;
+    dst->ptr        = u->data;
+    *cookie         = u;
+    return XCCL_OK;
+}
+
+static void up_recv_done(void *core, void *cookie, xccl_status_t st)
+{
+    xccl_ctx_t *ctx = core;
+
+    if (cookie == NULL) return;
+    if (*(int *)cookie == COOKIE_REQ) {
+        xccl_req_t *r = cookie;
+        if (r->status == XCCL_ERR_INVALID_USAGE && st == XCCL_OK) {
+            st = XCCL_ERROR(XCCL_ERR_INVALID_USAGE,
+                            "receive buffer of %zu bytes is smaller than the %zu-byte message "
+                            "from rank %d",
+                            r->nbytes, r->received, r->src);
+        }
+        req_complete(ctx, r, st);
+        return;
+    }
+    {
+        xccl_umsg_t *u = cookie;
+        u->done        = 1;
+        u->status      = st;
+        if (tag_kind(u->hdr.tag) == TAG_KIND_CTRL && xccl_coll_ctrl_arrived(ctx, u))
+            u->hdr.tag = ~0ull;
+        if (u->hdr.tag == ~0ull) { /* discarded payload */
+            umsg_unlink(ctx, u);
+            free(u->data);
+            free(u);
+            return;
+        }
+        if (u->waiter != NULL) umsg_deliver(ctx, u, u->waiter);
+    }
+}
+
+static void up_send_done(void *core, void *cookie, xccl_status_t st)
+{
+    req_complete(core, cookie, st);
+}
+
+static void up_peer_failed(void *core, int peer, xccl_status_t st, const char *why)
+{
+    xccl_ctx_t *ctx = core;
+    xccl_req_t *r, *next;
+    char        msg[512];
+
+    if (ctx->peer_dead[peer] == NULL) ctx->peer_dead[peer] = strdup(why ? why : "failed");
+    snprintf(msg, sizeof(msg), "rank %d (world) failed: %s", peer, why ? why : "failed");
+    XCCL_WARN("%s", msg);
+    for (r = ctx->posted_head; r != NULL; r = next) {
+        next = r->next;
+        if (r->peer != peer) continue;
+        posted_unlink(ctx, r);
+        xccl_error_set(st, "%s", msg);
+        req_complete(ctx, r, st);
+    }
+    /* unexpected messages still arriving from the peer will never complete */
+    for (xccl_umsg_t *u = ctx->unexp_head; u != NULL; u = u->next) {
+        if (u->src == peer && !u->done) {
+            u->done   = 1;
+            u->status = st;
+            if (u->waiter != NULL) {
+                xccl_error_set(st, "%s", msg);
+                umsg_deliver(ctx, u, u->waiter);
+                break; /* the list changed; remaining entries fail on their own receive */
+            }
+        }
+    }
+}
+
+static const xccl_tp_upcalls_t *ctx_upcalls(xccl_ctx_t *ctx)
+{
+    ctx->up.core        = ctx;
+    ctx->up.recv_match  = up_recv_match;
+    ctx->up.recv_done   = up_recv_done;
+    ctx->up.send_done   = up_send_done;
+    ctx->up.peer_failed = up_peer_failed;
+    return &ctx->up;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Posting                                                                                     */
+/* ------------------------------------------------------------------------------------------ */
+
+xccl_status_t xccl_req_post_send(xccl_ctx_t *ctx, xccl_req_t *r)
+{
+    xccl_msg_hdr_t hdr = {.comm_id = r->comm_id, .tag = r->tag, .fp = r->fp, .nbytes = r->nbytes};
+    xccl_tp_buf_t  buf = {.ptr = r->buf, .mem = XCCL_MEM_HOST, .mr = NULL};
+    tp_slot_t     *tp;
+    xccl_status_t  st;
+
+    r->ctype  = COOKIE_REQ;
+    r->status = XCCL_INPROGRESS;
+    r->t0     = xccl_now_ns();
+    if (r->peer == ctx->rank) {
+        /* self-send: deliver through the matching path, never through a transport */
+        xccl_tp_buf_t dst;
+        void         *cookie = NULL;
+        st = up_recv_match(ctx, ctx->rank, &hdr, &dst, &cookie);
+        if (st < 0) return st;
+        if (hdr.nbytes > 0 && dst.ptr != NULL) memcpy(dst.ptr, r->buf, hdr.nbytes);
+        r->state = REQ_POSTED;
+        up_recv_done(ctx, cookie, XCCL_OK);
+        req_complete(ctx, r, XCCL_OK);
+        return XCCL_OK;
+    }
+    if (ctx->peer_dead[r->peer] != NULL) {
+        return XCCL_ERROR(XCCL_ERR_REMOTE, "cannot send to rank %d: %s", r->peer,
+                          ctx->peer_dead[r->peer]);
+    }
+    tp       = &ctx->tp[ctx->peer_tp[r->peer]];
+    r->state = REQ_ACTIVE;
+    if (r->work) xccl_work_retain(r->work);
+    st = tp->ops->isend(tp->ctx, r->peer, &hdr, &buf, r);
+    if (st < 0) {
+        r->state  = REQ_DONE;
+        r->status = st;
+        if (r->work) xccl_work_release(r->work);
+    }
+    return st;
+}
+
+xccl_status_t xccl_req_post_recv(xccl_ctx_t *ctx, xccl_req_t *r)
+{
+    xccl_umsg_t *u;
+
+    r->ctype  = COOKIE_REQ;
+    r->status = XCCL_INPROGRESS;
+    r->t0     = xccl_now_ns();
+    for (u = ctx->unexp_head; u != NULL; u = u->next) {
+        if (u->waiter == NULL && req_matches(r, u->src, &u->hdr)) break;
+    }
+    if (u != NULL) {
+        if (u->done) {
+            r->state = REQ_POSTED;
+            umsg_deliver(ctx, u, r);
+        } else {
+            r->state  = REQ_POSTED;
+            r->umsg   = u;
+            u->waiter = r;
+        }
+        return XCCL_OK;
+    }
+    if (r->peer != XCCL_ANY_SOURCE && r->peer != ctx->rank && ctx->peer_dead[r->peer] != NULL) {
+        return XCCL_ERROR(XCCL_ERR_REMOTE, "cannot receive from rank %d: %s", r->peer,
+                          ctx->peer_dead[r->peer]);
+    }
+    r->state = REQ_POSTED;
+    r->next  = NULL;
+    if (ctx->posted_tail) ctx->posted_tail->next = r;
+    else ctx->posted_head = r;
+    ctx->posted_tail = r;
+    return XCCL_OK;
+}
+
+void xccl_req_cancel(xccl_ctx_t *ctx, xccl_req_t *r, xccl_status_t st, const char *why)
+{
+    if (r->state == REQ_DONE) return;
+    if (r->state == REQ_POSTED) {
+        if (r->umsg != NULL) {
+            r->umsg->waiter = NULL;
+            r->umsg         = NULL;
+        } else {
+            posted_unlink(ctx, r);
+        }
+        r->state  = REQ_DONE;
+        r->status = st;
+        return;
+    }
+    /* a transport holds the buffer: drop that connection so it lets go now */
+    {
+        int        peer = r->kind == REQ_SEND ? r->peer : r->src;
+        tp_slot_t *tp   = &ctx->tp[ctx->peer_tp[peer]];
+        if (tp->ops->close_peer != NULL) tp->ops->close_peer(tp->ctx, peer, why);
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Progress                                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+int xccl_ctx_progress_locked(xccl_ctx_t *ctx)
+{
+    enum { SNAP = 64 };
+    xccl_work_t *snap[SNAP];
+    int          n = 0, events = 0;
+    int64_t      now;
+
+    for (int i = 0; i < ctx->ntp; i++) {
+        int k = 0;
+        (void)ctx->tp[i].ops->progress(ctx->tp[i].ctx, &k);
+        events += k;
+    }
+    /* Progressing one Work can complete others (a transport flushes queued sends), so walk a
+     * snapshot of referenced Works rather than the live list. */
+    for (xccl_work_t *w = ctx->active_head; w != NULL && n < SNAP; w = w->next) {
+        xccl_work_retain(w);
+        snap[n++] = w;
+    }
+    now = xccl_now_ms();
+    for (int i = 0; i < n; i++) {
+        xccl_work_t *w = snap[i];
+        if (w->active) xccl_work_progress_locked(w);
+        if (w->active && w->deadline_ms > 0 && now > w->deadline_ms) xccl_work_expire(w);
+        if (!w->active) events++;
+        xccl_work_release(w);
+    }
+    return events;
+}
+
+void xccl_ctx_sleep(xccl_ctx_t *ctx, int timeout_ms)
+{
+    /* Only one transport can block us; with several, alternate short sleeps. */
+    if (ctx->ntp == 1 && ctx->tp[0].ops->wait != NULL) {
+        ctx->tp[0].ops->wait(ctx->tp[0].ctx, timeout_ms);
+        return;
+    }
+    for (int i = 0; i < ctx->ntp; i++) {
+        if (ctx->tp[i].ops->wait != NULL) {
+            ctx->tp[i].ops->wait(ctx->tp[i].ctx, timeout_ms < 1 ? timeout_ms : 1);
+            return;
+        }
+    }
+    usleep(timeout_ms > 0 ? 1000 : 0);
+}
+
+void xccl_ctx_run_callbacks(xccl_ctx_t *ctx)
+{
+    xccl_work_t *list;
+
+    pthread_mutex_lock(&ctx->lock);
+    list           = ctx->done_head;
+    ctx->done_head = NULL;
+    pthread_mutex_unlock(&ctx->lock);
+    while (list != NULL) {
+        xccl_work_t *w = list;
+        list           = w->cnext;
+        if (w->cb != NULL) w->cb(w, w->cb_arg);
+        xccl_work_release(w);
+    }
+}
+
+void xccl_ctx_wake_thread(xccl_ctx_t *ctx)
+{
+    pthread_cond_signal(&ctx->cond);
+    for (int i = 0; i < ctx->ntp; i++) {
+        if (ctx->tp[i].ops->wake) ctx->tp[i].ops->wake(ctx->tp[i].ctx);
+    }
+}
+
+static void *progress_thread_main(void *arg)
+{
+    xccl_ctx_t *ctx = arg;
+
+    pthread_mutex_lock(&ctx->lock);
+    while (!ctx->stopping) {
+        if (ctx->nasync == 0 || ctx->nwaiters > 0) {
+            /* nothing to drive, or a waiter drives: sleep, waking now and then for deadlines */
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 20 * 1000000;
+            if (ts.tv_nsec >= 1000000000) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000;
+            }
+            pthread_cond_timedwait(&ctx->cond, &ctx->lock, &ts);
+            if (ctx->nwaiters == 0 && ctx->active_head != NULL) {
+                (void)xccl_ctx_progress_locked(ctx);
+            }
+        } else {
+            int n = xccl_ctx_progress_locked(ctx);
+            if (ctx->done_head != NULL || n == 0) {
+                pthread_mutex_unlock(&ctx->lock);
+                xccl_ctx_run_callbacks(ctx);
+                if (n == 0) xccl_ctx_sleep(ctx, 5);
+                pthread_mutex_lock(&ctx->lock);
+            }
+        }
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    return NULL;
+}
+
+void xccl_ctx_start_thread(xccl_ctx_t *ctx)
+{
+    if (ctx->thread_started || xccl_env_int("XCCL_PROGRESS_THREAD", 1) == 0) return;
+    if (pthread_create(&ctx->thread, NULL, progress_thread_main, ctx) == 0)
+        ctx->thread_started = 1;
+}

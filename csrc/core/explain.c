@@ -1,0 +1,69 @@
+/* SPDX-License-Identifier: Apache-2.0
+ *
+ * explain.c - xccl_explain: every algorithm of a collective with its α-β-γ prediction and the
+ * one the selector would choose.
+ */
+#include "core/core.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* Defaults until measurements replace them: loopback TCP on a small VM. */
+static const double default_model[3] = {20e-6, 1.0 / 2.0e9, 1.0 / 4.0e9}; /* alpha, beta, gamma */
+
+void xccl_default_model(double model[3]) { memcpy(model, default_model, sizeof(default_model)); }
+
+const xccl_cost_model_t *xccl_core_default_model(void)
+{
+    static const xccl_cost_model_t m = {20e-6, 1.0 / 2.0e9, 1.0 / 4.0e9};
+    return &m;
+}
+
+xccl_status_t xccl_explain(const char *coll, size_t nbytes, int size, const double *model,
+                           xccl_algo_info_t *out, int max, int *n)
+{
+    xccl_cost_model_t         m;
+    xccl_coll_t               c;
+    const xccl_algo_t *const *list;
+    const xccl_algo_t        *chosen = NULL;
+    xccl_coll_args_t          args   = {0};
+    int                       k      = 0;
+
+    if (coll == NULL || out == NULL || n == NULL || size < 1)
+        return XCCL_ERROR(XCCL_ERR_INVALID_ARG, "explain: collective, output and size >= 1 needed");
+    for (c = 0; c < XCCL_COLL_COUNT; c++) {
+        if (strcmp(xccl_coll_name(c), coll) == 0) break;
+    }
+    if (c == XCCL_COLL_COUNT)
+        return XCCL_ERROR(XCCL_ERR_INVALID_ARG, "explain: unknown collective '%s'", coll);
+    if (model == NULL) model = default_model;
+    m.alpha = model[0];
+    m.beta  = model[1];
+    m.gamma = model[2];
+    args.coll   = c;
+    args.dtype  = XCCL_UINT8;
+    args.elsize = 1;
+    args.op     = XCCL_OP_SUM;
+    args.count  = c == XCCL_COLL_ALLREDUCE || c == XCCL_COLL_BROADCAST || c == XCCL_COLL_REDUCE
+                      ? nbytes
+                      : nbytes / (size_t)size;
+    if (xccl_algo_select(&args, size, nbytes, &m, NULL, &chosen) < 0) chosen = NULL;
+    list = xccl_algo_list(c);
+    for (int i = 0; list != NULL && list[i] != NULL && k < max; i++, k++) {
+        const xccl_algo_t *a = list[i];
+        xccl_cost_t        cost = {0};
+        xccl_algo_info_t  *o    = &out[k];
+        memset(o, 0, sizeof(*o));
+        snprintf(o->name, sizeof(o->name), "%s", a->name);
+        snprintf(o->summary, sizeof(o->summary), "%s", a->summary ? a->summary : "");
+        if (a->cost) a->cost(size, nbytes, &cost);
+        o->steps        = cost.steps;
+        o->bytes        = cost.bytes;
+        o->reduce_bytes = cost.reduce_bytes;
+        o->predicted_s  = xccl_algo_predict(a, &m, size, nbytes);
+        o->applicable   = a->applicable == NULL || a->applicable(&args, size);
+        o->chosen       = a == chosen;
+    }
+    *n = k;
+    return XCCL_OK;
+}

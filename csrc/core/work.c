@@ -1,0 +1,311 @@
+/* SPDX-License-Identifier: Apache-2.0
+ *
+ * work.c - Work lifecycle: creation, completion, callbacks, test/wait, timeouts.
+ *
+ * References: the caller's handle, the active list while posted, one per request a transport
+ * holds, and the callback list until the callback ran. The Work is freed at zero.
+ *
+ * Waiting: a waiter drives progress itself (no thread hand-off for synchronous operations):
+ * it polls for XCCL_SPIN_US microseconds, then sleeps in the transports and polls again. The
+ * background progress thread stands aside while anyone waits.
+ */
+#include "core/core.h"
+
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { REQ_POSTED = 1, REQ_ACTIVE = 2, REQ_DONE = 3 };
+
+xccl_work_t *xccl_work_new(xccl_comm_t *comm, work_kind_t kind, const char *name,
+                           int64_t timeout_ms)
+{
+    xccl_work_t *w = calloc(1, sizeof(*w));
+
+    if (w == NULL) return NULL;
+    atomic_init(&w->refcount, 1);
+    atomic_init(&w->status, XCCL_INPROGRESS);
+    w->kind       = kind;
+    w->comm       = comm;
+    w->name       = name;
+    w->timeout_ms = timeout_ms > 0 ? timeout_ms : comm->timeout_ms;
+    w->t_enq      = xccl_now_ns();
+    w->task.work  = w;
+    return w;
+}
+
+void xccl_work_retain(xccl_work_t *w) { atomic_fetch_add(&w->refcount, 1); }
+
+static void free_reqs(xccl_req_t *r)
+{
+    while (r != NULL) {
+        xccl_req_t *n = r->wnext;
+        free(r->trash);
+        free(r);
+        r = n;
+    }
+}
+
+void xccl_work_release(xccl_work_t *w)
+{
+    if (w == NULL || atomic_fetch_sub(&w->refcount, 1) != 1) return;
+    free_reqs(w->task.reqs);
+    free(w->req);
+    free(w->task.scratch);
+    free(w->tmp);
+    free(w->vcounts);
+    free(w->errmsg);
+    free(w);
+}
+
+static void count_async(xccl_ctx_t *ctx, xccl_work_t *w)
+{
+    if (w->async_counted) return;
+    w->async_counted = 1;
+    ctx->nasync++;
+    xccl_ctx_start_thread(ctx);
+    if (ctx->nwaiters == 0) pthread_cond_signal(&ctx->cond);
+}
+
+void xccl_work_activate(xccl_work_t *w, int blocking)
+{
+    xccl_ctx_t *ctx = w->comm->ctx;
+
+    if (!blocking) count_async(ctx, w);
+    w->active      = 1;
+    w->deadline_ms = xccl_now_ms() + w->timeout_ms;
+    w->next        = NULL;
+    xccl_work_retain(w);
+    if (ctx->active_tail) ctx->active_tail->next = w;
+    else ctx->active_head = w;
+    ctx->active_tail = w;
+}
+
+static void active_unlink(xccl_ctx_t *ctx, xccl_work_t *w)
+{
+    xccl_work_t **pp   = &ctx->active_head;
+    xccl_work_t  *prev = NULL;
+
+    while (*pp != NULL && *pp != w) {
+        prev = *pp;
+        pp   = &(*pp)->next;
+    }
+    if (*pp == NULL) return;
+    *pp = w->next;
+    if (ctx->active_tail == w) ctx->active_tail = prev;
+    w->next = NULL;
+}
+
+void xccl_work_finish(xccl_work_t *w, xccl_status_t st, const char *msg)
+{
+    xccl_ctx_t *ctx = w->comm->ctx;
+
+    if (!w->active) return;
+    w->active = 0;
+    if (st < 0) {
+        const char *m = msg ? msg : xccl_last_error();
+        w->errmsg     = strdup(m && *m ? m : xccl_status_string(st));
+        /* retire every request still out: posted ones are unlinked, transport-held ones are
+         * dropped with their connection (xccl_req_cancel) */
+        if (w->kind == WORK_P2P && w->req) xccl_req_cancel(ctx, w->req, st, w->errmsg);
+        for (xccl_req_t *r = w->task.reqs; r != NULL; r = r->wnext)
+            xccl_req_cancel(ctx, r, st, w->errmsg);
+    }
+    if (w->async_counted) {
+        w->async_counted = 0;
+        ctx->nasync--;
+    }
+    w->t_end = xccl_now_ns();
+    atomic_store(&w->status, st);
+    xccl_flight_record(w);
+    active_unlink(ctx, w);
+    /* the active list's reference moves to the callback list */
+    w->cnext       = ctx->done_head;
+    ctx->done_head = w;
+    pthread_cond_broadcast(&ctx->cond);
+}
+
+void xccl_req_finished(xccl_ctx_t *ctx, xccl_req_t *r)
+{
+    xccl_work_t *w = r->work;
+
+    (void)ctx;
+    if (!w->active) return;
+    if (w->kind == WORK_P2P) {
+        if (r->status == XCCL_OK) xccl_work_finish(w, XCCL_OK, NULL);
+        else xccl_work_finish(w, r->status, NULL);
+        return;
+    }
+    w->task.npending--;
+    if (r->status < 0) xccl_work_finish(w, r->status, NULL);
+}
+
+void xccl_work_progress_locked(xccl_work_t *w)
+{
+    xccl_status_t st;
+
+    if (w->kind != WORK_COLL) return;
+    if (w->t_start == 0) w->t_start = xccl_now_ns();
+    st = w->task.algo->progress(&w->task);
+    if (st == XCCL_INPROGRESS || !w->active) return;
+    if (st == XCCL_OK) {
+        extern xccl_status_t xccl_coll_epilogue(xccl_work_t * w);
+        st = xccl_coll_epilogue(w);
+    }
+    xccl_work_finish(w, st, NULL);
+}
+
+void xccl_work_expire(xccl_work_t *w)
+{
+    char        msg[1024];
+    size_t      off = 0;
+    int         shown = 0;
+    xccl_req_t *list  = w->kind == WORK_P2P ? w->req : w->task.reqs;
+
+    off += (size_t)snprintf(msg + off, sizeof(msg) - off,
+                            "%s (algo %s, seq %llu) on comm '%s' timed out after %.1f s on rank %d",
+                            w->name, w->kind == WORK_P2P ? "p2p" : w->task.algo->name,
+                            (unsigned long long)w->seq, w->comm->name,
+                            (double)w->timeout_ms / 1000.0, w->comm->rank);
+    for (xccl_req_t *r = list; r != NULL && off < sizeof(msg) - 80;
+         r = w->kind == WORK_P2P ? NULL : r->wnext) {
+        int peer;
+        if (r->state == REQ_DONE) continue;
+        peer = r->peer == XCCL_ANY_SOURCE
+                   ? -1
+                   : xccl_comm_rank_of_world(w->comm, r->kind == REQ_SEND ? r->peer : r->peer);
+        if (shown++ == 0) off += (size_t)snprintf(msg + off, sizeof(msg) - off, ": waiting for");
+        if (peer < 0)
+            off += (size_t)snprintf(msg + off, sizeof(msg) - off, "%s a message from any rank",
+                                    shown > 1 ? "," : "");
+        else
+            off += (size_t)snprintf(msg + off, sizeof(msg) - off, "%s %s rank %d (%s, %zu bytes)",
+                                    shown > 1 ? "," : "",
+                                    r->kind == REQ_SEND ? "a send to" : "a message from", peer,
+                                    r->state == REQ_ACTIVE ? "in transfer" : "not started",
+                                    r->nbytes);
+    }
+    (void)xccl_error_report(XCCL_ERR_TIMEOUT, __FILE__, __LINE__, "%s", msg);
+    xccl_work_finish(w, XCCL_ERR_TIMEOUT, msg);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Public Work API                                                                             */
+/* ------------------------------------------------------------------------------------------ */
+
+xccl_status_t xccl_work_status(const xccl_work_t *w) { return atomic_load(&w->status); }
+
+const char *xccl_work_error(const xccl_work_t *w) { return w->errmsg ? w->errmsg : ""; }
+
+int xccl_work_source(const xccl_work_t *w)
+{
+    if (w->kind != WORK_P2P || w->req == NULL || w->req->kind != REQ_RECV) return -1;
+    return xccl_comm_rank_of_world(w->comm, w->req->src);
+}
+
+size_t xccl_work_nbytes(const xccl_work_t *w)
+{
+    if (w->kind != WORK_P2P || w->req == NULL) return 0;
+    return w->req->kind == REQ_RECV ? w->req->received : w->req->nbytes;
+}
+
+const char *xccl_work_algo(const xccl_work_t *w)
+{
+    return w->kind == WORK_P2P ? "p2p" : w->task.algo->name;
+}
+
+const char *xccl_work_name(const xccl_work_t *w) { return w->name; }
+
+uint64_t xccl_work_seq(const xccl_work_t *w) { return w->seq; }
+
+void xccl_work_times(const xccl_work_t *w, uint64_t *enqueue_ns, uint64_t *start_ns,
+                     uint64_t *end_ns)
+{
+    if (enqueue_ns) *enqueue_ns = w->t_enq;
+    if (start_ns) *start_ns = w->t_start;
+    if (end_ns) *end_ns = atomic_load(&w->status) == XCCL_INPROGRESS ? 0 : w->t_end;
+}
+
+xccl_status_t xccl_work_on_complete(xccl_work_t *w, xccl_work_cb_t cb, void *arg)
+{
+    xccl_ctx_t *ctx;
+    int         now;
+
+    if (atomic_load(&w->status) != XCCL_INPROGRESS) {
+        /* finished: its trip through the callback list (if any) happened without a callback,
+         * and the context may be gone, so run it here without touching the context */
+        cb(w, arg);
+        return XCCL_OK;
+    }
+    ctx = w->comm->ctx;
+    pthread_mutex_lock(&ctx->lock);
+    if (w->cb != NULL) {
+        pthread_mutex_unlock(&ctx->lock);
+        return XCCL_ERROR(XCCL_ERR_INVALID_USAGE, "a completion callback is already set");
+    }
+    /* complete and already past the callback list: run here */
+    now = !w->active && atomic_load(&w->status) != XCCL_INPROGRESS;
+    if (!now) {
+        w->cb     = cb;
+        w->cb_arg = arg;
+        count_async(ctx, w); /* someone must drive it even if nobody waits */
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    if (now) cb(w, arg); /* queued without a callback: nothing else runs this one */
+    return XCCL_OK;
+}
+
+xccl_status_t xccl_work_test(xccl_work_t *w)
+{
+    xccl_ctx_t   *ctx = w->comm->ctx;
+    xccl_status_t st  = atomic_load(&w->status);
+
+    if (st != XCCL_INPROGRESS) return st;
+    if (pthread_mutex_trylock(&ctx->lock) == 0) {
+        (void)xccl_ctx_progress_locked(ctx);
+        pthread_mutex_unlock(&ctx->lock);
+        xccl_ctx_run_callbacks(ctx);
+    }
+    return atomic_load(&w->status);
+}
+
+xccl_status_t xccl_work_wait(xccl_work_t *w, int64_t slice_ms)
+{
+    xccl_ctx_t   *ctx = w->comm->ctx;
+    xccl_status_t st  = atomic_load(&w->status);
+    uint64_t      t0, spin_end, slice_end;
+
+    if (st != XCCL_INPROGRESS) return st;
+    t0        = xccl_now_ns();
+    spin_end  = t0 + (uint64_t)ctx->spin_ns;
+    slice_end = slice_ms < 0 ? UINT64_MAX : t0 + (uint64_t)slice_ms * 1000000u;
+    pthread_mutex_lock(&ctx->lock);
+    ctx->nwaiters++;
+    for (;;) {
+        int      n = xccl_ctx_progress_locked(ctx);
+        uint64_t now;
+        if (atomic_load(&w->status) != XCCL_INPROGRESS) break;
+        now = xccl_now_ns();
+        if (now >= slice_end) break;
+        if (ctx->done_head != NULL) {
+            pthread_mutex_unlock(&ctx->lock);
+            xccl_ctx_run_callbacks(ctx);
+            pthread_mutex_lock(&ctx->lock);
+        }
+        if (n > 0) continue;
+        pthread_mutex_unlock(&ctx->lock);
+        if (now < spin_end) {
+            sched_yield();
+        } else {
+            uint64_t left = (slice_end - now) / 1000000u;
+            xccl_ctx_sleep(ctx, (int)(left < 2 ? (left < 1 ? 0 : 1) : 2));
+        }
+        pthread_mutex_lock(&ctx->lock);
+    }
+    ctx->nwaiters--;
+    if (ctx->nwaiters == 0) pthread_cond_broadcast(&ctx->cond);
+    pthread_mutex_unlock(&ctx->lock);
+    xccl_ctx_run_callbacks(ctx);
+    return atomic_load(&w->status);
+}

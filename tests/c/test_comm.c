@@ -1,0 +1,258 @@
+/* SPDX-License-Identifier: Apache-2.0
+ *
+ * test_comm.c - end-to-end test of the engine through the public C API only: forked ranks meet
+ * through a file store, connect over the real transports and run point-to-point operations and
+ * every collective with every algorithm, checked against values computed here.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "algo/algo.h"
+#include "ctest.h"
+#include "xccl/xccl.h"
+
+static char store_path[256];
+
+static xccl_comm_t *make_comm(int rank, int size)
+{
+    xccl_store_t      *store = NULL;
+    xccl_comm_t       *comm  = NULL;
+    xccl_comm_config_t cfg   = {0};
+
+    if (xccl_store_file_create(store_path, size, 20000, &store) != XCCL_OK) {
+        fprintf(stderr, "rank %d: store: %s\n", rank, xccl_last_error());
+        return NULL;
+    }
+    cfg.rank       = rank;
+    cfg.size       = size;
+    cfg.store      = store;
+    cfg.timeout_ms = 20000;
+    cfg.name       = "test";
+    if (xccl_comm_create(&cfg, &comm) != XCCL_OK)
+        fprintf(stderr, "rank %d: comm create: %s\n", rank, xccl_last_error());
+    xccl_store_release(store);
+    return comm;
+}
+
+static int run_wait(xccl_status_t st, xccl_work_t *w, const char *what, int rank)
+{
+    if (st != XCCL_OK) {
+        fprintf(stderr, "rank %d: %s: post failed: %s\n", rank, what, xccl_last_error());
+        return -1;
+    }
+    st = xccl_work_wait(w, -1);
+    if (st != XCCL_OK) {
+        fprintf(stderr, "rank %d: %s: %s\n", rank, what, xccl_work_error(w));
+        xccl_work_release(w);
+        return -1;
+    }
+    xccl_work_release(w);
+    return 0;
+}
+
+/* value contributed by rank r at index i */
+static int32_t val(int r, size_t i) { return (int32_t)(r * 1000 + (int)(i % 997)); }
+
+static void test_p2p(xccl_comm_t *c, int rank, int size)
+{
+    size_t       n = 1000;
+    int32_t     *s = malloc(n * 4), *r = malloc(n * 4);
+    xccl_work_t *ws, *wr;
+    int          next = (rank + 1) % size, prev = (rank + size - 1) % size;
+
+    for (size_t i = 0; i < n; i++) s[i] = val(rank, i);
+    CHECK(xccl_irecv(c, r, n * 4, prev, 7, &wr) == XCCL_OK);
+    CHECK(xccl_isend(c, s, n * 4, next, 7, &ws) == XCCL_OK);
+    CHECK(xccl_work_wait(ws, -1) == XCCL_OK);
+    CHECK(xccl_work_wait(wr, -1) == XCCL_OK);
+    CHECK(xccl_work_source(wr) == prev);
+    for (size_t i = 0; i < n; i++) CHECK_MSG(r[i] == val(prev, i), "ring p2p at %zu", i);
+    xccl_work_release(ws);
+    xccl_work_release(wr);
+    /* any-source: everyone sends its rank to 0 */
+    if (rank == 0) {
+        int seen = 0;
+        for (int k = 1; k < size; k++) {
+            int32_t x = -1;
+            CHECK(xccl_irecv(c, &x, 4, XCCL_ANY_SOURCE, 9, &wr) == XCCL_OK);
+            CHECK(xccl_work_wait(wr, -1) == XCCL_OK);
+            CHECK(x == xccl_work_source(wr));
+            seen |= 1 << x;
+            xccl_work_release(wr);
+        }
+        CHECK(seen == ((1 << size) - 2));
+    } else {
+        int32_t x = rank;
+        CHECK(run_wait(xccl_isend(c, &x, 4, 0, 9, &ws), ws, "anysrc send", rank) == 0);
+    }
+    /* a receive buffer that is too small fails instead of truncating */
+    if (size > 1) {
+        if (rank == 0) {
+            CHECK(run_wait(xccl_isend(c, s, 64, 1, 11, &ws), ws, "big send", rank) == 0);
+        } else if (rank == 1) {
+            CHECK(xccl_irecv(c, r, 16, 0, 11, &wr) == XCCL_OK);
+            CHECK(xccl_work_wait(wr, -1) == XCCL_ERR_INVALID_USAGE);
+            xccl_work_release(wr);
+        }
+    }
+    free(s);
+    free(r);
+}
+
+static void test_collectives(xccl_comm_t *c, int rank, int size)
+{
+    static const size_t counts[] = {0, 1, 7, 1000, 70001};
+
+    for (size_t ci = 0; ci < sizeof(counts) / sizeof(counts[0]); ci++) {
+        size_t   n    = counts[ci];
+        int32_t *s    = malloc((n * size + 1) * 4);
+        int32_t *r    = malloc((n * size + 1) * 4);
+        for (xccl_coll_t coll = 0; coll < XCCL_COLL_COUNT; coll++) {
+            const xccl_algo_t *const *algos = xccl_algo_list(coll);
+            for (int ai = 0; algos && algos[ai]; ai++) {
+                xccl_coll_opts_t opts = {.algo = algos[ai]->name};
+                xccl_work_t     *w    = NULL;
+                xccl_status_t    st;
+                int              root = size > 1 ? 1 : 0;
+                char             what[96];
+                snprintf(what, sizeof(what), "%s/%s n=%zu", xccl_coll_name(coll), algos[ai]->name,
+                         n);
+                for (size_t i = 0; i < n * size; i++) s[i] = val(rank, i), r[i] = -7;
+                switch (coll) {
+                case XCCL_COLL_ALLREDUCE:
+                    st = xccl_allreduce(c, s, r, n, XCCL_INT32, XCCL_OP_SUM, &opts, &w);
+                    break;
+                case XCCL_COLL_BROADCAST:
+                    st = xccl_broadcast(c, s, n, XCCL_INT32, root, &opts, &w);
+                    break;
+                case XCCL_COLL_REDUCE:
+                    st = xccl_reduce(c, s, r, n, XCCL_INT32, XCCL_OP_MAX, root, &opts, &w);
+                    break;
+                case XCCL_COLL_ALLGATHER:
+                    st = xccl_allgather(c, s, r, n, XCCL_INT32, &opts, &w);
+                    break;
+                case XCCL_COLL_GATHER: st = xccl_gather(c, s, r, n, XCCL_INT32, root, &opts, &w); break;
+                case XCCL_COLL_SCATTER:
+                    st = xccl_scatter(c, s, r, n, XCCL_INT32, root, &opts, &w);
+                    break;
+                case XCCL_COLL_REDUCE_SCATTER:
+                    st = xccl_reduce_scatter(c, s, r, n, XCCL_INT32, XCCL_OP_SUM, &opts, &w);
+                    break;
+                case XCCL_COLL_ALLTOALL: st = xccl_alltoall(c, s, r, n, XCCL_INT32, &opts, &w); break;
+                case XCCL_COLL_BARRIER: st = xccl_barrier(c, &opts, &w); break;
+                default: continue; /* alltoallv below */
+                }
+                if (run_wait(st, w, what, rank) != 0) {
+                    CHECK_MSG(0, "%s failed", what);
+                    continue;
+                }
+                for (size_t i = 0; i < n * size; i++) {
+                    int64_t want = 0, got = r[i];
+                    int     have = 1;
+                    switch (coll) {
+                    case XCCL_COLL_ALLREDUCE:
+                        if (i >= n) have = 0;
+                        for (int q = 0; q < size; q++) want += val(q, i);
+                        break;
+                    case XCCL_COLL_BROADCAST:
+                        have = i < n, want = val(root, i), got = s[i];
+                        break;
+                    case XCCL_COLL_REDUCE:
+                        have = i < n && rank == root, want = val(size - 1, i);
+                        break;
+                    case XCCL_COLL_ALLGATHER: want = val((int)(i / n), i % n); break;
+                    case XCCL_COLL_GATHER:
+                        have = rank == root, want = val((int)(i / n), i % n);
+                        break;
+                    case XCCL_COLL_SCATTER: have = i < n, want = val(root, rank * n + i); break;
+                    case XCCL_COLL_REDUCE_SCATTER:
+                        have = i < n;
+                        for (int q = 0; q < size; q++) want += val(q, rank * n + i);
+                        break;
+                    case XCCL_COLL_ALLTOALL: want = val((int)(i / n), rank * n + i % n); break;
+                    default: have = 0;
+                    }
+                    if (have && got != want) {
+                        CHECK_MSG(0, "rank %d %s: [%zu] = %lld, want %lld", rank, what, i,
+                                  (long long)got, (long long)want);
+                        break;
+                    }
+                }
+            }
+        }
+        free(s);
+        free(r);
+    }
+}
+
+static void test_mismatch(xccl_comm_t *c, int rank, int size)
+{
+    int32_t      x[4] = {0};
+    xccl_work_t *w;
+    xccl_status_t st;
+
+    if (size < 2) return;
+    if (rank == 0) st = xccl_allreduce(c, x, x, 4, XCCL_INT32, XCCL_OP_SUM, NULL, &w);
+    else st = xccl_broadcast(c, x, 4, XCCL_INT32, 0, NULL, &w);
+    CHECK(st == XCCL_OK);
+    st = xccl_work_wait(w, -1);
+    CHECK_MSG(st == XCCL_ERR_MISMATCH, "rank %d: mismatch status %s: %s", rank,
+              xccl_status_string(st), xccl_work_error(w));
+    CHECK(strstr(xccl_work_error(w), "mismatch") != NULL);
+    xccl_work_release(w);
+}
+
+static int child(int rank, int size)
+{
+    xccl_comm_t *c = make_comm(rank, size);
+
+    if (c == NULL) return 2;
+    test_p2p(c, rank, size);
+    test_collectives(c, rank, size);
+    {
+        /* a split of the even ranks runs its own collective */
+        int          ranks[8], n = 0;
+        xccl_comm_t *sub;
+        for (int q = 0; q < size; q += 2) ranks[n++] = q;
+        if (rank % 2 == 0) {
+            CHECK(xccl_comm_split(c, n, ranks, "even", &sub) == XCCL_OK);
+            test_collectives(sub, xccl_comm_rank(sub), xccl_comm_size(sub));
+            xccl_comm_destroy(sub);
+        }
+    }
+    test_mismatch(c, rank, size);
+    xccl_comm_destroy(c);
+    return ctest_failures != 0;
+}
+
+int main(void)
+{
+    static const int sizes[] = {1, 2, 3, 4, 5};
+    int              failed  = 0;
+
+    for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
+        int   size = sizes[k];
+        pid_t pids[16];
+        snprintf(store_path, sizeof(store_path), "/tmp/xccl-test-comm-%d-%d", (int)getpid(), size);
+        unlink(store_path);
+        for (int r = 0; r < size; r++) {
+            pids[r] = fork();
+            if (pids[r] == 0) _exit(child(r, size));
+        }
+        for (int r = 0; r < size; r++) {
+            int status = 0;
+            waitpid(pids[r], &status, 0);
+            if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+                fprintf(stderr, "size %d: rank %d failed (status %d)\n", size, r, status);
+                failed++;
+            }
+        }
+        unlink(store_path);
+    }
+    ctest_checks++;
+    if (failed) ctest_failures++;
+    CTEST_MAIN_END("test_comm");
+}
