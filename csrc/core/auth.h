@@ -47,6 +47,19 @@ void xccl_auth_proof(const void *key, size_t keylen, uint8_t role,
                      const uint8_t nonce_peer[XCCL_NONCE_LEN], const void *context,
                      size_t contextlen, uint8_t proof[XCCL_SHA256_LEN]);
 
+/* Wire layout of the handshake (added with auth.c; the TCP store's server speaks it as a state
+ * machine, xccl_auth_handshake speaks it blocking). Both sides do, in this order:
+ *   send hello   [u32 XCCL_AUTH_MAGIC, big-endian][nonce_self, 32 bytes]; receive the peer's
+ *   send proof   [32 bytes] = xccl_auth_proof(key, role_self, nonce_self, nonce_peer, context);
+ *                receive the peer's and check it against role_peer
+ *   send verdict [u8] 1 = the peer's proof was right, 0 = wrong (the sender then closes);
+ *                receive the peer's
+ * Roles: XCCL_AUTH_ROLE_SERVER for the accepting side, XCCL_AUTH_ROLE_CLIENT for the other. */
+#define XCCL_AUTH_MAGIC       0x58415531u /* "XAU1" */
+#define XCCL_AUTH_HELLO_LEN   (4 + XCCL_NONCE_LEN)
+#define XCCL_AUTH_ROLE_CLIENT 0x43 /* 'C' */
+#define XCCL_AUTH_ROLE_SERVER 0x53 /* 'S' */
+
 /* Runs the whole challenge-response on a connected blocking-mode socket, up to deadline_ms
  * (xccl_now_ms() clock). `is_server` selects the role byte. `context` binds the proof to the
  * purpose ("xccl-store", "xccl-tcp/<job id>"). Returns XCCL_ERR_AUTH if the peer's proof is

@@ -8,15 +8,17 @@
 #include <stdio.h>
 #include <string.h>
 
-/* Defaults until measurements replace them: loopback TCP on a small VM. */
-static const double default_model[3] = {20e-6, 1.0 / 2.0e9, 1.0 / 4.0e9}; /* alpha, beta, gamma */
+/* Defaults until measurements replace them: loopback TCP on a small VM (20 us per message,
+ * 2 GB/s on the wire, 4 GB/s of local reduction). */
+static const xccl_cost_model_t default_model = {20e-6, 1.0 / 2.0e9, 1.0 / 4.0e9};
 
-void xccl_default_model(double model[3]) { memcpy(model, default_model, sizeof(default_model)); }
+const xccl_cost_model_t *xccl_core_default_model(void) { return &default_model; }
 
-const xccl_cost_model_t *xccl_core_default_model(void)
+void xccl_default_model(double model[3])
 {
-    static const xccl_cost_model_t m = {20e-6, 1.0 / 2.0e9, 1.0 / 4.0e9};
-    return &m;
+    model[0] = default_model.alpha;
+    model[1] = default_model.beta;
+    model[2] = default_model.gamma;
 }
 
 xccl_status_t xccl_explain(const char *coll, size_t nbytes, int size, const double *model,
@@ -36,10 +38,12 @@ xccl_status_t xccl_explain(const char *coll, size_t nbytes, int size, const doub
     }
     if (c == XCCL_COLL_COUNT)
         return XCCL_ERROR(XCCL_ERR_INVALID_ARG, "explain: unknown collective '%s'", coll);
-    if (model == NULL) model = default_model;
-    m.alpha = model[0];
-    m.beta  = model[1];
-    m.gamma = model[2];
+    m = default_model;
+    if (model != NULL) {
+        m.alpha = model[0];
+        m.beta  = model[1];
+        m.gamma = model[2];
+    }
     args.coll   = c;
     args.dtype  = XCCL_UINT8;
     args.elsize = 1;
