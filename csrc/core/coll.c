@@ -78,22 +78,23 @@ static xccl_req_t *req_new(xccl_work_t *w, req_kind_t kind, int world_peer, void
     return r;
 }
 
-/* A control notice (zero-copy-free small payload) that no Work owns. */
+/* A control message that no Work owns: a mismatch notice carrying `text`, or (text == NULL) a
+ * fingerprint check. */
 static void send_ctrl(xccl_comm_t *comm, int peer, uint64_t seq, uint64_t fp, const char *text)
 {
     xccl_ctx_t *ctx = comm->ctx;
-    size_t      len = strlen(text) + 1;
+    size_t      len = text ? strlen(text) + 1 : 0;
     xccl_req_t *r   = calloc(1, sizeof(*r) + len);
 
     if (r == NULL) return;
     r->kind    = REQ_SEND;
     r->peer    = comm->world[peer];
     r->comm_id = comm->id;
-    r->tag     = tag_ctrl(seq);
+    r->tag     = tag_ctrl(seq) | (text ? 0 : TAG_CTRL_CHECK);
     r->fp      = fp;
-    r->buf     = (char *)(r + 1);
+    r->buf     = len ? (char *)(r + 1) : NULL;
     r->nbytes  = len;
-    memcpy(r->buf, text, len);
+    if (len) memcpy(r->buf, text, len);
     if (ctx->peer_dead[r->peer] != NULL || xccl_req_post_send(ctx, r) < 0) free(r);
     /* on success the request frees itself when sent (work == NULL, see ctx.c) */
 }
@@ -220,19 +221,24 @@ void xccl_coll_mismatch(xccl_comm_t *comm, uint64_t seq, int peer_rank, uint64_t
     xccl_work_finish(w, XCCL_ERR_MISMATCH, msg);
 }
 
-/* A mismatch notice arrived (payload: the notifier's message). Returns 1 if consumed. */
+/* A fingerprint check or a mismatch notice arrived. Returns 1 if consumed. */
 int xccl_coll_ctrl_arrived(xccl_ctx_t *ctx, xccl_umsg_t *u)
 {
     xccl_comm_t *comm = xccl_ctx_find_comm(ctx, u->hdr.comm_id);
-    uint64_t     seq  = u->hdr.tag & ((1ull << 42) - 1);
+    uint64_t     seq  = tag_ctrl_seq(u->hdr.tag);
     xccl_work_t *w;
     char         mine[160], theirs[160], msg[1200];
     int          peer;
 
-    if (comm == NULL || comm->destroyed) return 1;
+    if (comm == NULL) return 0; /* a communicator this rank has not created yet */
+    if (comm->destroyed) return 1;
     w = find_coll(comm, seq);
     if (w == NULL) return comm->next_seq > seq; /* not reached yet: keep it for coll_post */
     peer = xccl_comm_rank_of_world(comm, u->src);
+    if (u->hdr.tag & TAG_CTRL_CHECK) {
+        if (w->fp != u->hdr.fp) xccl_coll_mismatch(comm, seq, peer, u->hdr.fp, 1);
+        return 1;
+    }
     if (w->fp != u->hdr.fp) {
         snprintf(msg, sizeof(msg),
                  "collective mismatch on comm '%s' (operation #%llu): rank %d called %s but "
@@ -460,10 +466,12 @@ static xccl_status_t coll_post(xccl_comm_t *comm, xccl_coll_args_t *a, xccl_op_t
             u->hdr.fp != w->fp) {
             xccl_coll_mismatch(comm, w->seq, xccl_comm_rank_of_world(comm, u->src), u->hdr.fp, 1);
         } else if (tag_kind(u->hdr.tag) == TAG_KIND_CTRL && u->done &&
-                   (u->hdr.tag & ((1ull << 42) - 1)) == w->seq) {
-            if (xccl_coll_ctrl_arrived(ctx, u)) u->hdr.tag = ~0ull;
+                   tag_ctrl_seq(u->hdr.tag) == w->seq && u->hdr.tag != ~0ull) {
+            if (xccl_coll_ctrl_arrived(ctx, u)) xccl_umsg_drop(ctx, u);
         }
     }
+    /* the fingerprint check to the next rank (see TAG_CTRL_CHECK) */
+    if (w->active && comm->size > 1) send_ctrl(comm, (comm->rank + 1) % comm->size, w->seq, w->fp, NULL);
     if (w->active) xccl_work_progress_locked(w); /* eager start */
     pthread_mutex_unlock(&ctx->lock);
     xccl_ctx_run_callbacks(ctx);

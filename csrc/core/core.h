@@ -36,7 +36,12 @@ static inline uint64_t tag_coll(uint64_t seq, uint32_t step)
 {
     return ((uint64_t)TAG_KIND_COLL << 62) | ((seq & ((1ull << 42) - 1)) << 20) | step;
 }
+/* CTRL tags: bit 60 set = fingerprint check (sent to the next rank by every collective so a
+ * mismatch is found even when the mismatched calls would exchange no message); clear = a
+ * mismatch notice whose payload is the notifier's message. */
+#define TAG_CTRL_CHECK (1ull << 60)
 static inline uint64_t tag_ctrl(uint64_t seq) { return ((uint64_t)TAG_KIND_CTRL << 62) | seq; }
+static inline uint64_t tag_ctrl_seq(uint64_t tag) { return tag & ((1ull << 42) - 1); }
 static inline int      tag_kind(uint64_t tag) { return (int)(tag >> 62); }
 static inline uint64_t tag_seq(uint64_t tag) { return (tag >> 20) & ((1ull << 42) - 1); }
 static inline uint32_t tag_step(uint64_t tag) { return (uint32_t)(tag & XCCL_STEP_MAX); }
@@ -213,6 +218,8 @@ xccl_status_t xccl_req_post_recv(xccl_ctx_t *ctx, xccl_req_t *r);
 /* Removes a request from the posted queue, or closes its peer when a transport holds it,
  * so that it is retired with `st`. Lock held. */
 void          xccl_req_cancel(xccl_ctx_t *ctx, xccl_req_t *r, xccl_status_t st, const char *why);
+/* Unlinks and frees a fully arrived unexpected message. Lock held. */
+void          xccl_umsg_drop(xccl_ctx_t *ctx, xccl_umsg_t *u);
 /* A request finished (called by ctx.c); routes to the owning Work. Lock held. */
 void          xccl_req_finished(xccl_ctx_t *ctx, xccl_req_t *r);
 

@@ -432,6 +432,13 @@ static void umsg_unlink(xccl_ctx_t *ctx, xccl_umsg_t *u)
     u->next = NULL;
 }
 
+void xccl_umsg_drop(xccl_ctx_t *ctx, xccl_umsg_t *u)
+{
+    umsg_unlink(ctx, u);
+    free(u->data);
+    free(u);
+}
+
 /* A request reached its final state. Drops the reference a transport-held request had. */
 static void req_complete(xccl_ctx_t *ctx, xccl_req_t *r, xccl_status_t st)
 {
