@@ -1272,6 +1272,15 @@ static xccl_status_t tcp_get_addr(xccl_tp_ctx_t *ctx, void *addr, size_t *len)
 }
 
 /* Sleeps until the epoll set has something to report; consumes nothing (see Threading). */
+/* The core gave up on an operation whose buffers this connection still holds. */
+static void tcp_close_peer(xccl_tp_ctx_t *ctx, int peer, const char *why)
+{
+    char msg[256];
+
+    snprintf(msg, sizeof(msg), "connection to rank %d dropped: %s", peer, why);
+    tcp_fail_peer(ctx, peer, XCCL_ERR_ABORTED, msg);
+}
+
 static void tcp_wait(xccl_tp_ctx_t *ctx, int timeout_ms)
 {
     struct pollfd pfd = {.fd = ctx->epfd, .events = POLLIN};
@@ -1293,4 +1302,5 @@ const xccl_transport_ops_t xccl_transport_tcp = {
     .progress    = tcp_progress,
     .wait        = tcp_wait,
     .wake        = tcp_wake,
+    .close_peer  = tcp_close_peer,
 };
