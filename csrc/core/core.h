@@ -153,6 +153,7 @@ struct xccl_work {
     int64_t       timeout_ms;
     /* p2p */
     xccl_req_t   *req;
+    int           source; /* comm rank a completed receive came from; -1 otherwise     */
     /* coll */
     xccl_task_t   task;
     xccl_op_t     user_op;

@@ -821,6 +821,11 @@ static void *progress_thread_main(void *arg)
             if (ctx->nwaiters == 0 && ctx->active_head != NULL) {
                 (void)xccl_ctx_progress_locked(ctx);
             }
+            if (ctx->done_head != NULL) {
+                pthread_mutex_unlock(&ctx->lock);
+                xccl_ctx_run_callbacks(ctx);
+                pthread_mutex_lock(&ctx->lock);
+            }
         } else {
             int n = xccl_ctx_progress_locked(ctx);
             if (ctx->done_head != NULL || n == 0) {

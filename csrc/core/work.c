@@ -32,6 +32,7 @@ xccl_work_t *xccl_work_new(xccl_comm_t *comm, work_kind_t kind, const char *name
     w->timeout_ms = timeout_ms > 0 ? timeout_ms : comm->timeout_ms;
     w->t_enq      = xccl_now_ns();
     w->task.work  = w;
+    w->source     = -1;
     return w;
 }
 
@@ -133,6 +134,9 @@ void xccl_req_finished(xccl_ctx_t *ctx, xccl_req_t *r)
     (void)ctx;
     if (!w->active) return;
     if (w->kind == WORK_P2P) {
+        /* recorded now: the communicator may be gone when the user asks */
+        if (r->kind == REQ_RECV && r->status == XCCL_OK)
+            w->source = xccl_comm_rank_of_world(w->comm, r->src);
         if (r->status == XCCL_OK) xccl_work_finish(w, XCCL_OK, NULL);
         else xccl_work_finish(w, r->status, NULL);
         return;
@@ -198,11 +202,7 @@ xccl_status_t xccl_work_status(const xccl_work_t *w) { return atomic_load(&w->st
 
 const char *xccl_work_error(const xccl_work_t *w) { return w->errmsg ? w->errmsg : ""; }
 
-int xccl_work_source(const xccl_work_t *w)
-{
-    if (w->kind != WORK_P2P || w->req == NULL || w->req->kind != REQ_RECV) return -1;
-    return xccl_comm_rank_of_world(w->comm, w->req->src);
-}
+int xccl_work_source(const xccl_work_t *w) { return w->source; }
 
 size_t xccl_work_nbytes(const xccl_work_t *w)
 {
@@ -258,10 +258,12 @@ xccl_status_t xccl_work_on_complete(xccl_work_t *w, xccl_work_cb_t cb, void *arg
 
 xccl_status_t xccl_work_test(xccl_work_t *w)
 {
-    xccl_ctx_t   *ctx = w->comm->ctx;
-    xccl_status_t st  = atomic_load(&w->status);
+    xccl_status_t st = atomic_load(&w->status);
+    xccl_ctx_t   *ctx;
 
+    /* a finished Work may outlive its communicator: do not touch it */
     if (st != XCCL_INPROGRESS) return st;
+    ctx = w->comm->ctx;
     if (pthread_mutex_trylock(&ctx->lock) == 0) {
         (void)xccl_ctx_progress_locked(ctx);
         pthread_mutex_unlock(&ctx->lock);
@@ -272,11 +274,12 @@ xccl_status_t xccl_work_test(xccl_work_t *w)
 
 xccl_status_t xccl_work_wait(xccl_work_t *w, int64_t slice_ms)
 {
-    xccl_ctx_t   *ctx = w->comm->ctx;
-    xccl_status_t st  = atomic_load(&w->status);
+    xccl_status_t st = atomic_load(&w->status);
+    xccl_ctx_t   *ctx;
     uint64_t      t0, spin_end, slice_end;
 
     if (st != XCCL_INPROGRESS) return st;
+    ctx       = w->comm->ctx;
     t0        = xccl_now_ns();
     spin_end  = t0 + (uint64_t)ctx->spin_ns;
     slice_end = slice_ms < 0 ? UINT64_MAX : t0 + (uint64_t)slice_ms * 1000000u;

@@ -12,11 +12,15 @@ dtypes between buffers ValueError, a rank out of range ValueError, a destroyed c
 XcclError.
 """
 
-from typing import Any, Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from os import PathLike
+from typing import Any, Optional, TypeAlias
 
 __version__: str
 DTYPES: dict[str, int]  # "float32" -> xccl_dtype_t value
-OPS: dict[str, int]  # "sum" -> xccl_op_t value (sum, product, min, max, band, bor, bxor, avg, premul_sum)
+# "sum" -> xccl_op_t value (sum, product, min, max, band, bor, bxor, avg, premul_sum)
+OPS: dict[str, int]
 ANY_SOURCE: int  # -1
 
 class XcclError(RuntimeError):
@@ -32,84 +36,119 @@ def status_string(status: int) -> str: ...
 def reduce_isa() -> str: ...
 def buffer_info(obj: Any) -> tuple[str, int, str, bool]:
     """(dtype name, element count, device string, read_only) of a DLPack object; raises like
-    the operations do for unsupported dtypes."""
+    the operations do for unsupported dtypes (TypeError) and non-contiguous buffers
+    (ValueError), but reports the device ("cpu", "cuda:0", "cuda_host:0") instead of
+    rejecting it. read_only is only known from versioned capsules (False for legacy ones)."""
+
+_Seconds: TypeAlias = float | timedelta  # every `timeout` also accepts a datetime.timedelta
 
 class Store:
-    """A key/value store. Not constructible directly: use the factory class methods."""
+    """A key/value store. Not constructible directly: use the factory class methods.
+    Every store call releases the GIL while it waits or talks to a server."""
 
-    @staticmethod
-    def tcp(host: Optional[str], port: int, is_master: bool, world_size: int,
-            wait_for_workers: bool, timeout: float, auth_key: Optional[bytes]) -> "Store": ...
-    @staticmethod
-    def file(path: str, world_size: int, timeout: float) -> "Store": ...
-    @staticmethod
-    def hash(timeout: float) -> "Store": ...
-    @staticmethod
-    def prefix(prefix: str, base: "Store") -> "Store": ...
-    @staticmethod
-    def custom(obj: Any, timeout: float) -> "Store":
+    @classmethod
+    def tcp(cls, host: Optional[str], port: int, is_master: bool, world_size: int,
+            wait_for_workers: bool, timeout: _Seconds,
+            auth_key: Optional[bytes] = None) -> Store: ...
+    @classmethod
+    def file(cls, path: str | PathLike[str], world_size: int, timeout: _Seconds) -> Store: ...
+    @classmethod
+    def hash(cls, timeout: _Seconds) -> Store: ...
+    @classmethod
+    def prefix(cls, prefix: str, base: Store) -> Store: ...
+    @classmethod
+    def custom(cls, obj: Any, timeout: _Seconds) -> Store:
         """Wraps any Python object with torch-Store-like methods: set(key, bytes),
         get(key) -> bytes, add(key, int) -> int, wait(list[str]) (optional second arg: a
         datetime.timedelta), check(list[str]) -> bool, compare_set(key, bytes, bytes) -> bytes,
         delete_key(key) -> bool, num_keys() -> int. Called with the GIL held, from whatever
-        thread uses the store."""
+        thread uses the store. A get with an explicit timeout first calls
+        wait([key], timedelta) (retried as wait([key]) on TypeError). A missing method gives
+        NotImplementedError; an exception that is a TimeoutError or whose message says
+        "timeout"/"timed out" (torch's DistStoreError, FileStore's RuntimeError) gives
+        XcclTimeoutError, anything else XcclError; the original is the __cause__, and a
+        KeyboardInterrupt raised inside a method is re-raised as is."""
 
-    port: int  # -1 for non-TCP stores
-    timeout: float  # seconds; settable
+    @property
+    def port(self) -> int: ...  # -1 for non-TCP stores
+    timeout: float  # seconds; settable (a timedelta is accepted too)
     def set(self, key: str, value: bytes | str) -> None: ...
-    def get(self, key: str, timeout: Optional[float] = None) -> bytes: ...
+    def get(self, key: str, timeout: Optional[_Seconds] = None) -> bytes: ...
     def add(self, key: str, delta: int) -> int: ...
-    def wait(self, keys: Sequence[str], timeout: Optional[float] = None) -> None: ...
+    def wait(self, keys: Sequence[str], timeout: Optional[_Seconds] = None) -> None: ...
     def check(self, keys: Sequence[str]) -> bool: ...
     def compare_set(self, key: str, expected: bytes | str, desired: bytes | str) -> bytes: ...
     def delete_key(self, key: str) -> bool: ...
     def num_keys(self) -> int: ...
 
 class Work:
-    """One posted operation. Keeps its buffers alive until it completes."""
+    """One posted operation. Not constructible from Python.
 
-    name: str  # "all_reduce", "send", ...
-    algo: str  # algorithm that ran ("p2p" for point-to-point)
-    seq: int
-    nbytes: int  # bytes received (receives)
-    def wait(self, timeout: Optional[float] = None) -> bool:
+    It owns its buffers (the DLPack managed tensors) and releases them (calls their deleters)
+    once the operation is seen complete. A Work dropped while pending does not block: the
+    buffers are released by the completion, whenever it happens."""
+
+    @property
+    def name(self) -> str: ...  # "all_reduce", "send", ...
+    @property
+    def algo(self) -> str: ...  # algorithm that ran ("p2p" for point-to-point)
+    @property
+    def seq(self) -> int: ...
+    @property
+    def nbytes(self) -> int: ...  # bytes received (receives)
+    def wait(self, timeout: Optional[_Seconds] = None) -> bool:
         """Blocks (GIL released, Ctrl-C honoured) until completion. Returns True; raises the
         operation's error (XcclError subclass) on failure, XcclTimeoutError if `timeout`
-        seconds pass first (the operation itself continues)."""
+        seconds pass first (the operation itself continues). None: no limit but the
+        operation's own deadline. Several threads may wait on one Work."""
     def is_completed(self) -> bool: ...
     def is_success(self) -> bool: ...
-    def exception(self) -> Optional[BaseException]: ...
-    def source_rank(self) -> int: ...
+    def exception(self) -> Optional[BaseException]:
+        """The error as an exception object (a new one per call) once failed, else None."""
+    def source_rank(self) -> int:
+        """The sender of a successfully completed receive; -1 before that."""
     def times(self) -> tuple[float, float, float]:
         """(enqueue, start, end) in seconds of time.monotonic(); 0.0 where not reached."""
-    def add_done_callback(self, fn: Callable[["Work"], None]) -> None:
+    def add_done_callback(self, fn: Callable[[Work], None]) -> None:
         """fn(work) runs once when the operation completes, with the GIL, on the thread that
-        completes it (the progress thread or a waiter); at once if already complete."""
+        completes it (the progress thread or a waiter); at once if already complete.
+        Exceptions from fn are reported through sys.unraisablehook, never raised. Pending
+        callbacks keep the Work alive. Callbacks do not run once the interpreter is
+        shutting down (atexit has run)."""
 
 class Comm:
-    """A communicator (xccl_comm_t)."""
+    """A communicator (xccl_comm_t). Creation is collective over the store and runs with
+    the GIL released. rank/size/id stay readable after destroy()."""
 
-    def __init__(self, store: Store, rank: int, size: int, timeout: float,
+    def __init__(self, store: Store, rank: int, size: int, timeout: Optional[_Seconds],
                  transports: Optional[str] = None, auth_key: Optional[bytes] = None,
                  name: Optional[str] = None) -> None: ...
-    rank: int
-    size: int
-    id: int
-    def split(self, ranks: Sequence[int], name: Optional[str] = None) -> "Comm": ...
+    @property
+    def rank(self) -> int: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def id(self) -> int: ...
+    def split(self, ranks: Sequence[int], name: Optional[str] = None) -> Comm: ...
     def global_rank(self, rank: int) -> int: ...
     def peer_transport(self, peer: int) -> str: ...
     def destroy(self) -> None:
-        """Idempotent; pending operations fail with XcclError; later calls raise XcclError."""
+        """Idempotent; pending operations fail with XcclError; later operations raise
+        XcclError. Called (or the last reference dropped) inside a done-callback, the C
+        destruction is deferred to the next Comm creation/destroy on an ordinary thread."""
     def abort(self) -> None: ...
 
     def isend(self, buf: Any, peer: int, tag: int = 0) -> Work: ...
     def irecv(self, buf: Any, peer: int = -1, tag: int = 0) -> Work: ...
     # In every collective `algo` forces an algorithm by name and `timeout` (seconds)
-    # overrides the communicator's. sendbuf is recvbuf means in place.
+    # overrides the communicator's. sendbuf is recvbuf means in place (the buffer must be
+    # writable); element-wise reductions reject partially overlapping buffers. Posting does
+    # not block; the returned Work owns the buffers until the operation completes.
     def allreduce(self, sendbuf: Any, recvbuf: Any, op: int, premul: float = 1.0,
                   algo: Optional[str] = None, timeout: Optional[float] = None) -> Work: ...
     def broadcast(self, buf: Any, root: int, algo: Optional[str] = None,
-                  timeout: Optional[float] = None) -> Work: ...
+                  timeout: Optional[float] = None) -> Work:
+        """buf may be read-only at the root."""
     def reduce(self, sendbuf: Any, recvbuf: Any, op: int, root: int, premul: float = 1.0,
                algo: Optional[str] = None, timeout: Optional[float] = None) -> Work:
         """recvbuf may be None on non-root ranks."""
@@ -117,9 +156,11 @@ class Comm:
                   timeout: Optional[float] = None) -> Work:
         """recvbuf holds size * len(sendbuf) elements, rank-major."""
     def gather(self, sendbuf: Any, recvbuf: Any, root: int, algo: Optional[str] = None,
-               timeout: Optional[float] = None) -> Work: ...
+               timeout: Optional[float] = None) -> Work:
+        """recvbuf (size * len(sendbuf)) is used at the root only; None elsewhere."""
     def scatter(self, sendbuf: Any, recvbuf: Any, root: int, algo: Optional[str] = None,
-                timeout: Optional[float] = None) -> Work: ...
+                timeout: Optional[float] = None) -> Work:
+        """sendbuf (size * len(recvbuf)) is used at the root only; None elsewhere."""
     def reduce_scatter(self, sendbuf: Any, recvbuf: Any, op: int, premul: float = 1.0,
                        algo: Optional[str] = None, timeout: Optional[float] = None) -> Work: ...
     def alltoall(self, sendbuf: Any, recvbuf: Any, algo: Optional[str] = None,

@@ -53,6 +53,10 @@ const char *xccl_status_string(xccl_status_t st);
 const char *xccl_last_error(void);
 /* Frees memory returned by xccl (store values). */
 void xccl_free(void *p);
+/* Records `msg` as the calling thread's last error (what xccl_last_error() returns) and
+ * returns `st`. For code that implements xccl callbacks outside the library (a custom store
+ * written in another language) so that its failures carry a message. Does not log. */
+xccl_status_t xccl_set_error(xccl_status_t st, const char *msg);
 
 /* ---------------------------------------------------------------------------------------------
  * Data types and reduction operators
@@ -89,6 +93,8 @@ typedef enum xccl_op {
 size_t      xccl_dtype_size(xccl_dtype_t dtype); /* 0 for an invalid dtype */
 const char *xccl_dtype_name(xccl_dtype_t dtype); /* "float32"; "?" if invalid */
 const char *xccl_op_name(xccl_op_t op);          /* "sum"; "?" if invalid */
+/* Name of the reduction kernel set chosen at run time: "avx512", "avx2" or "generic". */
+const char *xccl_reduce_isa(void);
 /* XCCL_OK if `op` is meaningful for `dtype` (bitwise ops need integers or bool, MIN/MAX need
  * an ordered type), else XCCL_ERR_INVALID_ARG with a message naming both. */
 xccl_status_t xccl_op_check(xccl_op_t op, xccl_dtype_t dtype);

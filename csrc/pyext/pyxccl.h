@@ -1,0 +1,156 @@
+/* SPDX-License-Identifier: Apache-2.0
+ *
+ * pyxccl.h - shared declarations of the CPython extension xccl._C: module state, the object
+ * layouts of Store / Comm / Work, the DLPack consumer and the status -> exception mapper.
+ *
+ * The extension uses only the public C API (xccl/xccl.h). Every function here is called with
+ * the GIL held unless its comment says otherwise.
+ */
+#ifndef XCCL_PYEXT_PYXCCL_H
+#define XCCL_PYEXT_PYXCCL_H
+
+#ifndef PY_SSIZE_T_CLEAN
+#define PY_SSIZE_T_CLEAN
+#endif
+#include <Python.h>
+
+#include <stdint.h>
+
+#include "xccl/xccl.h"
+
+/* Module state: the heap types and exception classes (no C globals hold Python objects). */
+typedef struct xccl_py_state {
+    PyTypeObject *store_type;
+    PyTypeObject *comm_type;
+    PyTypeObject *work_type;
+    PyObject     *XcclError;
+    PyObject     *XcclTimeoutError;
+    PyObject     *XcclConnectionError;
+    PyObject     *XcclMismatchError;
+    PyObject     *XcclAuthError;
+} xccl_py_state_t;
+
+/* The types cannot be subclassed, so the module state is reachable from any instance. */
+static inline xccl_py_state_t *xccl_py_state_of(PyObject *self)
+{
+    return (xccl_py_state_t *)PyType_GetModuleState(Py_TYPE(self));
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Errors (module.c)
+ * ------------------------------------------------------------------------------------------- */
+
+/* The one place a status becomes a Python exception class: INVALID_ARG -> ValueError,
+ * NOT_SUPPORTED -> NotImplementedError, NO_MEMORY -> MemoryError, TIMEOUT -> XcclTimeoutError,
+ * REMOTE -> XcclConnectionError, MISMATCH -> XcclMismatchError, AUTH -> XcclAuthError, any
+ * other error -> XcclError. Returns a new exception instance carrying `.status` and
+ * `.status_name`, or NULL with an exception set. */
+PyObject *xccl_py_error_new(xccl_py_state_t *state, xccl_status_t st, const char *msg);
+/* Raises xccl_py_error_new(state, st, msg); msg NULL or "" falls back to the status name.
+ * Always returns NULL. */
+PyObject *xccl_py_raise(xccl_py_state_t *state, xccl_status_t st, const char *msg);
+/* Same, formatting the message with PyUnicode_FromFormat rules. */
+PyObject *xccl_py_raise_fmt(xccl_py_state_t *state, xccl_status_t st, const char *fmt, ...);
+/* Raises for a C call that failed in this thread, with xccl_last_error() as the message.
+ * When a Store.custom callback failed in this thread during that call, its Python exception
+ * becomes __cause__ (or is re-raised as is when it was KeyboardInterrupt/SystemExit). */
+PyObject *xccl_py_raise_last(xccl_py_state_t *state, xccl_status_t st);
+
+/* Callback errors: a Store.custom callback that raised stores its exception here (per thread,
+ * replacing any earlier one) so that xccl_py_raise_last can chain it. Callers of C functions
+ * that may run such callbacks clear it first. */
+void xccl_py_stash_exception(void);
+void xccl_py_stash_clear(void);
+/* Whether the stashed exception is an instance of exc_type. */
+int  xccl_py_stash_is(PyObject *exc_type);
+
+/* Timeouts at or above this (about ten years) mean "no deadline"; it is also the largest value
+ * handed to the C library, which may add it to a nanosecond clock. */
+#define XCCL_PY_FOREVER_MS (INT64_C(10) * 365 * 24 * 3600 * 1000)
+
+/* Seconds (int, float or datetime.timedelta) -> milliseconds. None -> `none_ms`. Negative or
+ * NaN -> ValueError; infinity and huge values -> XCCL_PY_FOREVER_MS. Returns 0 or -1 with an
+ * exception set. */
+int xccl_py_seconds_to_ms(PyObject *obj, int64_t none_ms, const char *what, int64_t *out);
+
+/* True once the interpreter is shutting down (atexit ran, or finalization started): C threads
+ * must then no longer take the GIL. */
+int xccl_py_finalizing(void);
+
+/* Non-zero while this thread runs a completion callback (py_work.c). Such a thread may be the
+ * progress thread or a waiter inside xccl_work_wait: communicators are never destroyed on it. */
+extern _Thread_local int xccl_py_in_callback;
+
+/* ---------------------------------------------------------------------------------------------
+ * DLPack consumer (py_tensor.c)
+ * ------------------------------------------------------------------------------------------- */
+
+/* A buffer taken from a DLPack producer. Owns the managed tensor until released. */
+typedef struct xccl_py_tensor {
+    void        *managed;   /* DLManagedTensor or DLManagedTensorVersioned; NULL when empty */
+    int          versioned; /* which of the two `managed` is                                */
+    void        *data;      /* first element (data + byte_offset)                          */
+    size_t       count;     /* elements                                                    */
+    xccl_dtype_t dtype;
+    int          read_only;
+    int32_t      device_type;
+    int32_t      device_id;
+} xccl_py_tensor_t;
+
+#define XCCL_PY_BUF_OUTPUT     0x1 /* the operation writes into it: reject read-only/copies */
+#define XCCL_PY_BUF_ANY_DEVICE 0x2 /* report the device instead of rejecting it            */
+
+/* Exports `obj` through __dlpack__ (versioned first, legacy on TypeError), takes ownership of
+ * the managed tensor and validates device, dtype, contiguity and (with XCCL_PY_BUF_OUTPUT)
+ * writability. `what` names the argument in messages ("all_reduce recvbuf"). On failure the
+ * tensor is released, *t left empty and -1 returned with an exception set. */
+int  xccl_py_tensor_acquire(xccl_py_state_t *state, PyObject *obj, int flags, const char *what,
+                            xccl_py_tensor_t *t);
+/* Calls the producer's deleter once (GIL held) and empties *t. Idempotent. */
+void xccl_py_tensor_release(xccl_py_tensor_t *t);
+/* "cpu", "cuda:0", ... for messages and buffer_info. */
+PyObject *xccl_py_device_string(int32_t device_type, int32_t device_id);
+
+/* ---------------------------------------------------------------------------------------------
+ * Objects
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct xccl_py_store {
+    PyObject_HEAD
+    xccl_store_t *store;  /* owned reference                                           */
+    PyObject     *custom; /* Store.custom: the wrapped object (also owned by the C ctx) */
+} xccl_py_store_t;
+
+typedef struct xccl_py_comm {
+    PyObject_HEAD
+    xccl_comm_t *comm;   /* NULL once destroyed                                          */
+    int          busy;   /* threads using `comm` with the GIL released (abort)           */
+    xccl_comm_t *doomed; /* destroyed while busy: freed when the last such thread returns */
+    int          rank;
+    int          size;
+    uint64_t     id;
+} xccl_py_comm_t;
+
+#define XCCL_PY_WORK_MAX_BUFS 2
+
+typedef struct xccl_py_work {
+    PyObject_HEAD
+    xccl_work_t     *work;       /* owned reference; NULL if posting failed             */
+    xccl_py_tensor_t bufs[XCCL_PY_WORK_MAX_BUFS]; /* released once the op completed    */
+    size_t          *vcounts;    /* alltoallv counts/displacements, PyMem_Raw, or NULL */
+    PyObject        *callbacks;  /* list of Python callables, or NULL                  */
+    int              cb_armed;   /* the C completion callback holds a reference to us  */
+    int              driving;    /* a thread is inside xccl_work_wait (others poll)    */
+    int              settled;    /* completion observed: buffers released, status final */
+    xccl_status_t    status;     /* final status once settled                          */
+    int              source;     /* sender of a successful receive, read when settling */
+} xccl_py_work_t;
+
+extern PyType_Spec xccl_py_store_spec;
+extern PyType_Spec xccl_py_comm_spec;
+extern PyType_Spec xccl_py_work_spec;
+
+/* A fresh, empty Work (GIL held). The caller acquires buffers into it, then posts. */
+xccl_py_work_t *xccl_py_work_new(xccl_py_state_t *state);
+
+#endif /* XCCL_PYEXT_PYXCCL_H */
