@@ -205,6 +205,21 @@ static void test_mismatch(xccl_comm_t *c, int rank, int size)
               xccl_status_string(st), xccl_work_error(w));
     CHECK(strstr(xccl_work_error(w), "mismatch") != NULL);
     xccl_work_release(w);
+    /* stay alive until every rank has seen its error: a rank that exits early would turn its
+     * peers' pending mismatch notices into "peer closed" errors */
+    {
+        xccl_store_t *store = NULL;
+        int64_t       v;
+        if (xccl_store_file_create(store_path, size, 20000, &store) == XCCL_OK) {
+            const char *key = "mismatch-done";
+            CHECK(xccl_store_add(store, key, 1, &v) == XCCL_OK);
+            while (v < size) {
+                usleep(1000);
+                CHECK(xccl_store_add(store, key, 0, &v) == XCCL_OK);
+            }
+            xccl_store_release(store);
+        }
+    }
 }
 
 static int child(int rank, int size)
