@@ -1,0 +1,457 @@
+/* SPDX-License-Identifier: Apache-2.0
+ *
+ * allreduce.c - XCCL_COLL_ALLREDUCE: ring (pipelined reduce-scatter + all-gather), recursive
+ * doubling, Rabenseifner (recursive halving + doubling) and direct exchange.
+ *
+ * The vector is in place in rbuf (count elements, N = count * elsize bytes). Every rank ends
+ * with bitwise the same result: each element is either combined once and then copied around
+ * (ring, Rabenseifner) or combined by every rank in the same order (rd pairs combine
+ * lower-rank data first; direct reduces in rank order). Costs below are per rank on the
+ * critical path, with n ranks, p = 2^floor(log2 n) and [x] = 1 when n is not a power of two.
+ */
+#include "algo/algo.h"
+
+#include <string.h>
+
+#include "algo/patterns.h"
+#include "core/check.h"
+
+/* Largest scratch the direct algorithm may take (it holds n-1 incoming messages at once). */
+#define DIRECT_MAX_SCRATCH ((size_t)256 << 20)
+
+static xccl_status_t send_nz(xccl_task_t *t, int peer, const void *buf, size_t nbytes,
+                             uint32_t step)
+{
+    return nbytes == 0 ? XCCL_OK : xccl_task_isend(t, peer, buf, nbytes, step);
+}
+
+static xccl_status_t recv_nz(xccl_task_t *t, int peer, void *buf, size_t nbytes, uint32_t step)
+{
+    return nbytes == 0 ? XCCL_OK : xccl_task_irecv(t, peer, buf, nbytes, step);
+}
+
+static xccl_status_t reduce_nz(xccl_task_t *t, void *dst, const void *a, const void *b,
+                               size_t count)
+{
+    return count == 0 ? XCCL_OK : xccl_task_reduce(t, dst, a, b, count);
+}
+
+static void *scratch(xccl_task_t *t, size_t nbytes, const char *algo)
+{
+    void *p = xccl_task_scratch(t, nbytes);
+    if (p == NULL)
+        XCCL_ERROR(XCCL_ERR_NO_MEMORY, "all_reduce %s: rank %d: no memory for %zu B of scratch",
+                   algo, xccl_task_rank(t), nbytes);
+    return p;
+}
+
+static size_t ring_chunk_bytes(size_t elsize)
+{
+    int64_t v = xccl_env_int(XCCL_PAT_RING_CHUNK_ENV, XCCL_PAT_RING_CHUNK_DEFAULT);
+    return v < (int64_t)elsize ? elsize : (size_t)v;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * ring: reduce-scatter then all-gather around the ring, 2(n-1) steps; block b = n-th of the
+ * vector (xccl_pat_block), every block cut into C chunks of at most $XCCL_RING_CHUNK_BYTES.
+ *
+ *   step s        send to r+1            receive from r-1       then
+ *   0 .. n-2      block r-s-1            block r-s-2 -> stage   block r-s-2 op= stage
+ *   n-1 .. 2n-3   block r-(s-n+1)        block r-(s-n+1)-1      (in place)
+ *
+ * After step n-2 rank r holds the reduced block r. Chunk c of step s travels as message
+ * s*C + c; the rounds of xccl_pat_pipe overlap the chunks of successive steps and, when
+ * C > 1, the reduction of one round's chunks with the next round's transfers.
+ *
+ * cost: 2(n-1) α (3n-4 + C rounds with C > 1 chunks), 2(n-1)/n N β, (n-1)/n N γ.
+ * ------------------------------------------------------------------------------------------- */
+typedef struct ring_ctx {
+    xccl_task_t    *t;
+    char           *buf;
+    char           *stage; /* C slots of `slot` elements: chunk c of a received block    */
+    size_t          count, es, slot;
+    int             rank, size;
+    xccl_pat_pipe_t pipe;
+} ring_ctx_t;
+
+/* Chunk c of block b: *off (elements from the start of the vector) and the element count. */
+static size_t ring_chunk(const ring_ctx_t *x, int b, int c, size_t *off)
+{
+    size_t boff = xccl_pat_block_off(x->count, x->size, b);
+    size_t bcnt = xccl_pat_block_count(x->count, x->size, b);
+
+    *off = boff + xccl_pat_block_off(bcnt, x->pipe.nchunks, c);
+    return xccl_pat_block_count(bcnt, x->pipe.nchunks, c);
+}
+
+static xccl_status_t ring_post(const ring_ctx_t *x, int k)
+{
+    int n = x->size, r = x->rank;
+
+    for (int s = 0; s < x->pipe.nsteps; s++) {
+        int      c = xccl_pat_pipe_chunk(&x->pipe, s, k), sb, rb;
+        uint32_t step;
+        size_t   soff, roff, scnt, rcnt;
+        char    *dst;
+
+        if (c < 0) continue;
+        step = xccl_pat_pipe_step(&x->pipe, s, c) & XCCL_STEP_MAX;
+        if (s < n - 1) {
+            sb = xccl_pat_ring_rs_send_block(r, n, s);
+            rb = xccl_pat_ring_rs_recv_block(r, n, s);
+        } else {
+            sb = xccl_pat_ring_ag_send_block(r, n, s - (n - 1));
+            rb = xccl_pat_ring_ag_recv_block(r, n, s - (n - 1));
+        }
+        scnt = ring_chunk(x, sb, c, &soff);
+        rcnt = ring_chunk(x, rb, c, &roff);
+        dst  = s < n - 1 ? x->stage + (size_t)c * x->slot * x->es : x->buf + roff * x->es;
+        XCCL_CHECK(recv_nz(x->t, xccl_pat_ring_prev(r, n), dst, rcnt * x->es, step));
+        XCCL_CHECK(send_nz(x->t, xccl_pat_ring_next(r, n), x->buf + soff * x->es,
+                           scnt * x->es, step));
+    }
+    return XCCL_OK;
+}
+
+/* Reduces the reduce-scatter chunks received in round j: those whose next step is posted in
+ * round j+1 when `urgent`, the others otherwise. */
+static xccl_status_t ring_reduce(const ring_ctx_t *x, int j, int urgent)
+{
+    for (int s = 0; s < x->pipe.nred; s++) {
+        int    c = xccl_pat_pipe_chunk(&x->pipe, s, j), b;
+        size_t off, cnt;
+        char  *dst;
+
+        if (c < 0) continue;
+        if ((xccl_pat_pipe_chunk(&x->pipe, s + 1, j + 1) == c) != urgent) continue;
+        b   = xccl_pat_ring_rs_recv_block(x->rank, x->size, s);
+        cnt = ring_chunk(x, b, c, &off);
+        dst = x->buf + off * x->es;
+        XCCL_CHECK(reduce_nz(x->t, dst, x->stage + (size_t)c * x->slot * x->es, dst, cnt));
+    }
+    return XCCL_OK;
+}
+
+static int ring_nchunks(size_t block_bytes, size_t chunk_bytes, int n)
+{
+    return xccl_pat_ring_nchunks(block_bytes, chunk_bytes, 2 * (n - 1), XCCL_STEP_MAX + 1u);
+}
+
+static xccl_status_t ring_progress(xccl_task_t *t)
+{
+    const xccl_coll_args_t *a = xccl_task_args(t);
+    uint64_t               *w = xccl_task_state(t); /* w[0]: next round, w[1]: chunks */
+    ring_ctx_t              x;
+    xccl_status_t           st;
+    int                     rounds;
+
+    x.t     = t;
+    x.rank  = xccl_task_rank(t);
+    x.size  = xccl_task_size(t);
+    x.buf   = a->rbuf;
+    x.count = a->count;
+    x.es    = a->elsize;
+    if (x.size == 1 || x.count == 0) return XCCL_OK;
+    if (w[1] == 0)
+        w[1] = (uint64_t)ring_nchunks(xccl_pat_block_max(x.count, x.size) * x.es,
+                                      ring_chunk_bytes(x.es), x.size);
+    x.pipe  = xccl_pat_pipe(2 * (x.size - 1), x.size - 1, (int)w[1]);
+    x.slot  = xccl_pat_block_max(xccl_pat_block_max(x.count, x.size), x.pipe.nchunks);
+    x.stage = scratch(t, (size_t)x.pipe.nchunks * x.slot * x.es, "ring");
+    if (x.stage == NULL) return XCCL_ERR_NO_MEMORY;
+    rounds = xccl_pat_pipe_rounds(&x.pipe);
+
+    /* Round k: reduce what round k's sends need, post round k, reduce the rest of round k-1.
+     * One extra round (k == rounds) only reduces. */
+    while ((st = xccl_task_test(t)) == XCCL_OK) {
+        int k = (int)w[0];
+
+        if (k > rounds) return XCCL_OK;
+        if (k > 0) XCCL_CHECK(ring_reduce(&x, k - 1, 1));
+        if (k < rounds) XCCL_CHECK(ring_post(&x, k));
+        if (k > 0) XCCL_CHECK(ring_reduce(&x, k - 1, 0));
+        w[0] = (uint64_t)k + 1;
+    }
+    return st;
+}
+
+static void ring_cost(int n, size_t nbytes, xccl_cost_t *out)
+{
+    double          f = n > 1 ? (double)(n - 1) / n : 0;
+    xccl_pat_pipe_t p;
+
+    memset(out, 0, sizeof(*out));
+    if (n == 1) return;
+    p = xccl_pat_pipe(2 * (n - 1), n - 1,
+                      ring_nchunks(xccl_pat_block_max(nbytes, n),
+                                   ring_chunk_bytes(1), n));
+    out->steps        = xccl_pat_pipe_rounds(&p);
+    out->bytes        = 2 * f * (double)nbytes;
+    out->reduce_bytes = f * (double)nbytes;
+}
+
+const xccl_algo_t xccl_algo_allreduce_ring = {
+    .name     = "ring",
+    .coll     = XCCL_COLL_ALLREDUCE,
+    .summary  = "pipelined ring reduce-scatter + all-gather: 2(n-1) steps, 2(n-1)/n N bytes",
+    .cost     = ring_cost,
+    .progress = ring_progress,
+};
+
+/* ---------------------------------------------------------------------------------------------
+ * rd: recursive doubling on the whole vector, folded for n != 2^k (xccl_pat_fold).
+ *
+ *   stage       who                       sends                  receives, then
+ *   0           extra r >= p              N to r-p               -
+ *               proxy r < n-p             -                      N from r+p; buf op= it
+ *   1 .. L      r < p, round i = stage-1  N to r ^ 2^i           N from r ^ 2^i; buf op= it
+ *   L+1         proxy                     N to r+p               -
+ *               extra                     -                      N from r-p into buf
+ *
+ * (L = log2 p.) Both partners combine (lower rank's data) op (higher rank's data).
+ * cost: L + 2[x] α, (L + 2[x]) N β, (L + [x]) N γ.
+ * ------------------------------------------------------------------------------------------- */
+
+/* buf = (data of the lower of rank/peer) op (data of the higher one). */
+static xccl_status_t reduce_ordered(xccl_task_t *t, int peer, void *buf, const void *tmp,
+                                    size_t count)
+{
+    if (peer < xccl_task_rank(t)) return reduce_nz(t, buf, tmp, buf, count);
+    return reduce_nz(t, buf, buf, tmp, count);
+}
+
+static xccl_status_t rd_progress(xccl_task_t *t)
+{
+    const xccl_coll_args_t *a = xccl_task_args(t);
+    uint64_t               *w = xccl_task_state(t); /* w[0]: next stage */
+    int                     r = xccl_task_rank(t), n = xccl_task_size(t);
+    size_t                  nbytes = a->count * a->elsize;
+    xccl_pat_fold_t         f = xccl_pat_fold(r, n);
+    char                   *buf = a->rbuf, *tmp;
+    xccl_status_t           st;
+
+    if (n == 1 || nbytes == 0) return XCCL_OK;
+    tmp = scratch(t, nbytes, "rd");
+    if (tmp == NULL) return XCCL_ERR_NO_MEMORY;
+
+    while ((st = xccl_task_test(t)) == XCCL_OK) {
+        int k = (int)w[0];
+
+        /* finish stage k-1 */
+        if (k == 1 && f.role == XCCL_PAT_PROXY)
+            XCCL_CHECK(reduce_ordered(t, f.peer, buf, tmp, a->count));
+        if (k >= 2 && k <= f.log_p + 1 && f.role != XCCL_PAT_EXTRA)
+            XCCL_CHECK(reduce_ordered(t, xccl_pat_rd_partner(r, k - 2), buf, tmp, a->count));
+        if (k == f.log_p + 2) return XCCL_OK;
+
+        /* post stage k */
+        if (k == 0 && f.role == XCCL_PAT_EXTRA) {
+            XCCL_CHECK(xccl_task_isend(t, f.peer, buf, nbytes, 0));
+        } else if (k == 0 && f.role == XCCL_PAT_PROXY) {
+            XCCL_CHECK(xccl_task_irecv(t, f.peer, tmp, nbytes, 0));
+        } else if (k >= 1 && k <= f.log_p && f.role != XCCL_PAT_EXTRA) {
+            int peer = xccl_pat_rd_partner(r, k - 1);
+            XCCL_CHECK(xccl_task_irecv(t, peer, tmp, nbytes, (uint32_t)k));
+            XCCL_CHECK(xccl_task_isend(t, peer, buf, nbytes, (uint32_t)k));
+        } else if (k == f.log_p + 1 && f.role == XCCL_PAT_PROXY) {
+            XCCL_CHECK(xccl_task_isend(t, f.peer, buf, nbytes, (uint32_t)k));
+        } else if (k == f.log_p + 1 && f.role == XCCL_PAT_EXTRA) {
+            XCCL_CHECK(xccl_task_irecv(t, f.peer, buf, nbytes, (uint32_t)k));
+        }
+        w[0] = (uint64_t)k + 1;
+    }
+    return st;
+}
+
+static void rd_cost(int n, size_t nbytes, xccl_cost_t *out)
+{
+    int    L    = xccl_pat_log2_floor(n);
+    double fold = xccl_pat_is_pow2(n) ? 0 : 1;
+
+    out->steps        = L + 2 * fold;
+    out->bytes        = (L + 2 * fold) * (double)nbytes;
+    out->reduce_bytes = (L + fold) * (double)nbytes;
+}
+
+const xccl_algo_t xccl_algo_allreduce_rd = {
+    .name     = "rd",
+    .coll     = XCCL_COLL_ALLREDUCE,
+    .summary  = "recursive doubling on the whole vector: log2(n) steps, log2(n) N bytes",
+    .cost     = rd_cost,
+    .progress = rd_progress,
+};
+
+/* ---------------------------------------------------------------------------------------------
+ * rabenseifner: reduce-scatter by recursive halving, then all-gather by recursive doubling,
+ * on the p ranks left after the fold; the vector is cut into p blocks (xccl_pat_block).
+ *
+ *   stage            who             exchanges with        sends / receives
+ *   0                extra / proxy   r-p / r+p             fold-in: N, proxy buf op= it
+ *   1 .. L           r < p           r ^ d, d = p/2^stage  the half of its 2d-block range it
+ *                                                          gives up / the half it keeps,
+ *                                                          then buf op= it (N/2, N/4, ...)
+ *   L+1 .. 2L        r < p           r ^ d, d = 2^(s-L-1)  its d blocks / the partner's d
+ *                                                          blocks into buf (N/p, 2N/p, ...)
+ *   2L+1             proxy / extra   r+p / r-p             fold-out: N
+ *
+ * The rank with bit d clear keeps the lower half, so after halving rank v owns block v.
+ * cost: 2L + 2[x] α, (2(p-1)/p + 2[x]) N β, ((p-1)/p + [x]) N γ.
+ * ------------------------------------------------------------------------------------------- */
+
+/* Elements of blocks [b0, b1) of the p-block split: offset and count. */
+static size_t rab_range(size_t count, int p, int b0, int b1, size_t *off)
+{
+    *off = xccl_pat_block_off(count, p, b0);
+    return xccl_pat_block_off(count, p, b1) - *off;
+}
+
+static xccl_status_t rab_progress(xccl_task_t *t)
+{
+    const xccl_coll_args_t *a = xccl_task_args(t);
+    uint64_t               *w = xccl_task_state(t); /* w[0]: next stage */
+    int                     r = xccl_task_rank(t), n = xccl_task_size(t);
+    size_t                  es = a->elsize, nbytes = a->count * es;
+    xccl_pat_fold_t         f = xccl_pat_fold(r, n);
+    int                     L = f.log_p, p = f.p;
+    char                   *buf = a->rbuf, *tmp;
+    xccl_status_t           st;
+
+    if (n == 1 || nbytes == 0) return XCCL_OK;
+    tmp = scratch(t, nbytes, "rabenseifner");
+    if (tmp == NULL) return XCCL_ERR_NO_MEMORY;
+
+    while ((st = xccl_task_test(t)) == XCCL_OK) {
+        int    k = (int)w[0];
+        size_t off, cnt;
+
+        /* finish stage k-1: fold-in or a halving round reduces what arrived in tmp */
+        if (k == 1 && f.role == XCCL_PAT_PROXY)
+            XCCL_CHECK(reduce_ordered(t, f.peer, buf, tmp, a->count));
+        if (k >= 2 && k <= L + 1 && f.role != XCCL_PAT_EXTRA) {
+            int d = p >> (k - 1), lo = xccl_pat_rd_range_lo(r, 2 * d);
+            int keep = (r & d) ? lo + d : lo;
+            cnt      = rab_range(a->count, p, keep, keep + d, &off);
+            XCCL_CHECK(reduce_ordered(t, r ^ d, buf + off * es, tmp, cnt));
+        }
+        if (k == 2 * L + 2) return XCCL_OK;
+
+        /* post stage k */
+        if (k == 0 && f.role == XCCL_PAT_EXTRA) {
+            XCCL_CHECK(xccl_task_isend(t, f.peer, buf, nbytes, 0));
+        } else if (k == 0 && f.role == XCCL_PAT_PROXY) {
+            XCCL_CHECK(xccl_task_irecv(t, f.peer, tmp, nbytes, 0));
+        } else if (k >= 1 && k <= L && f.role != XCCL_PAT_EXTRA) {
+            int    d = p >> k, lo = xccl_pat_rd_range_lo(r, 2 * d);
+            int    keep = (r & d) ? lo + d : lo, give = (r & d) ? lo : lo + d;
+            size_t goff, gcnt;
+            cnt  = rab_range(a->count, p, keep, keep + d, &off);
+            gcnt = rab_range(a->count, p, give, give + d, &goff);
+            XCCL_CHECK(recv_nz(t, r ^ d, tmp, cnt * es, (uint32_t)k));
+            XCCL_CHECK(send_nz(t, r ^ d, buf + goff * es, gcnt * es, (uint32_t)k));
+        } else if (k >= L + 1 && k <= 2 * L && f.role != XCCL_PAT_EXTRA) {
+            int    d = 1 << (k - L - 1), peer = r ^ d;
+            int    mine = xccl_pat_rd_range_lo(r, d), theirs = xccl_pat_rd_range_lo(peer, d);
+            size_t poff, pcnt;
+            cnt  = rab_range(a->count, p, mine, mine + d, &off);
+            pcnt = rab_range(a->count, p, theirs, theirs + d, &poff);
+            XCCL_CHECK(recv_nz(t, peer, buf + poff * es, pcnt * es, (uint32_t)k));
+            XCCL_CHECK(send_nz(t, peer, buf + off * es, cnt * es, (uint32_t)k));
+        } else if (k == 2 * L + 1 && f.role == XCCL_PAT_PROXY) {
+            XCCL_CHECK(xccl_task_isend(t, f.peer, buf, nbytes, (uint32_t)k));
+        } else if (k == 2 * L + 1 && f.role == XCCL_PAT_EXTRA) {
+            XCCL_CHECK(xccl_task_irecv(t, f.peer, buf, nbytes, (uint32_t)k));
+        }
+        w[0] = (uint64_t)k + 1;
+    }
+    return st;
+}
+
+static void rab_cost(int n, size_t nbytes, xccl_cost_t *out)
+{
+    int    L    = xccl_pat_log2_floor(n), p = 1 << L;
+    double fold = xccl_pat_is_pow2(n) ? 0 : 1, f = (double)(p - 1) / p;
+
+    out->steps        = 2 * L + 2 * fold;
+    out->bytes        = (2 * f + 2 * fold) * (double)nbytes;
+    out->reduce_bytes = (f + fold) * (double)nbytes;
+}
+
+const xccl_algo_t xccl_algo_allreduce_rabenseifner = {
+    .name     = "rabenseifner",
+    .coll     = XCCL_COLL_ALLREDUCE,
+    .summary  = "recursive-halving reduce-scatter + recursive-doubling all-gather: "
+                "2 log2(n) steps, 2(n-1)/n N bytes",
+    .cost     = rab_cost,
+    .progress = rab_progress,
+};
+
+/* ---------------------------------------------------------------------------------------------
+ * direct: one step; every rank sends its vector to every other rank and reduces the n
+ * vectors in rank order, ((x0 op x1) op x2) ..., accumulating in the scratch copy of x0 (or
+ * of x1 on rank 0) so that its own x_r is read before buf is overwritten last.
+ *
+ *   stage   sends                      receives
+ *   0       N to each of the n-1 peers N from each peer into scratch slot
+ *   1       -                          -              buf = x0 op x1 op ... op x(n-1)
+ *
+ * cost (one-port model: the n-1 messages leave one after another): (n-1) α, (n-1) N β,
+ * (n-1) N γ. Scratch: (n-1) N.
+ * ------------------------------------------------------------------------------------------- */
+/* Where rank j's vector is: buf for this rank, else its slot of the scratch. */
+static char *slot(char *buf, char *tmp, int rank, int j, size_t nbytes)
+{
+    return j == rank ? buf : tmp + (size_t)(j < rank ? j : j - 1) * nbytes;
+}
+
+static xccl_status_t direct_progress(xccl_task_t *t)
+{
+    const xccl_coll_args_t *a = xccl_task_args(t);
+    uint64_t               *w = xccl_task_state(t); /* w[0]: 1 once posted */
+    int                     r = xccl_task_rank(t), n = xccl_task_size(t);
+    size_t                  nbytes = a->count * a->elsize;
+    char                   *buf = a->rbuf, *tmp, *acc;
+    xccl_status_t           st;
+
+    if (n == 1 || nbytes == 0) return XCCL_OK;
+    tmp = scratch(t, (size_t)(n - 1) * nbytes, "direct");
+    if (tmp == NULL) return XCCL_ERR_NO_MEMORY;
+    if (w[0] == 0) {
+        for (int i = 1; i < n; i++) {
+            int from = xccl_pat_mod(r - i, n);
+            XCCL_CHECK(xccl_task_irecv(t, from, slot(buf, tmp, r, from, nbytes), nbytes, 0));
+            XCCL_CHECK(xccl_task_isend(t, xccl_pat_mod(r + i, n), buf, nbytes, 0));
+        }
+        w[0] = 1;
+    }
+    st = xccl_task_test(t);
+    if (st != XCCL_OK) return st;
+    acc = slot(buf, tmp, r, r == 0 ? 1 : 0, nbytes);
+    for (int j = 1; j < n; j++)
+        XCCL_CHECK(xccl_task_reduce(t, j == n - 1 ? buf : acc,
+                                    j == 1 ? slot(buf, tmp, r, 0, nbytes) : acc,
+                                    slot(buf, tmp, r, j, nbytes), a->count));
+    return XCCL_OK;
+}
+
+/* Only while the scratch ((n-1) N) stays below DIRECT_MAX_SCRATCH: meant for small vectors. */
+static int direct_applicable(const xccl_coll_args_t *a, int size)
+{
+    return a->count == 0 || (size_t)(size - 1) * a->count * a->elsize <= DIRECT_MAX_SCRATCH;
+}
+
+static void direct_cost(int n, size_t nbytes, xccl_cost_t *out)
+{
+    out->steps        = n - 1;
+    out->bytes        = (double)(n - 1) * (double)nbytes;
+    out->reduce_bytes = (double)(n - 1) * (double)nbytes;
+}
+
+const xccl_algo_t xccl_algo_allreduce_direct = {
+    .name       = "direct",
+    .coll       = XCCL_COLL_ALLREDUCE,
+    .summary    = "every rank sends its vector to every other and reduces in rank order: "
+                  "1 round of n-1 messages, (n-1) N bytes",
+    .applicable = direct_applicable,
+    .cost       = direct_cost,
+    .progress   = direct_progress,
+};

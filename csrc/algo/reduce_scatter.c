@@ -1,0 +1,440 @@
+/* SPDX-License-Identifier: Apache-2.0
+ *
+ * reduce_scatter.c - XCCL_COLL_REDUCE_SCATTER: ring (pipelined), recursive halving ("rhd")
+ * and direct exchange.
+ *
+ * sbuf holds n blocks of count elements (read-only); block j of every rank is reduced into
+ * rbuf of rank j. N = n * count * elsize is the whole input. All three read block r of sbuf
+ * only in their final reduction, which writes rbuf, so rbuf may even be that block.
+ * Costs are per rank on the critical path; p = 2^floor(log2 n), [x] = 1 when n != p.
+ */
+#include "algo/algo.h"
+
+#include <string.h>
+
+#include "algo/patterns.h"
+#include "core/check.h"
+
+/* Largest scratch the direct algorithm may take (it holds n-1 incoming messages at once). */
+#define DIRECT_MAX_SCRATCH ((size_t)256 << 20)
+
+static xccl_status_t send_nz(xccl_task_t *t, int peer, const void *buf, size_t nbytes,
+                             uint32_t step)
+{
+    return nbytes == 0 ? XCCL_OK : xccl_task_isend(t, peer, buf, nbytes, step);
+}
+
+static xccl_status_t recv_nz(xccl_task_t *t, int peer, void *buf, size_t nbytes, uint32_t step)
+{
+    return nbytes == 0 ? XCCL_OK : xccl_task_irecv(t, peer, buf, nbytes, step);
+}
+
+static xccl_status_t reduce_nz(xccl_task_t *t, void *dst, const void *a, const void *b,
+                               size_t count)
+{
+    return count == 0 ? XCCL_OK : xccl_task_reduce(t, dst, a, b, count);
+}
+
+static void *scratch(xccl_task_t *t, size_t nbytes, const char *algo)
+{
+    void *p = xccl_task_scratch(t, nbytes);
+    if (p == NULL)
+        XCCL_ERROR(XCCL_ERR_NO_MEMORY,
+                   "reduce_scatter %s: rank %d: no memory for %zu B of scratch", algo,
+                   xccl_task_rank(t), nbytes);
+    return p;
+}
+
+/* Size 1 (or nothing to do): the result is the rank's own block. Returns 1 when done. */
+static int trivial(xccl_task_t *t)
+{
+    const xccl_coll_args_t *a = xccl_task_args(t);
+    size_t                  nbytes = a->count * a->elsize;
+
+    if (a->count == 0) return 1;
+    if (xccl_task_size(t) > 1) return 0;
+    if (a->rbuf != a->sbuf) memmove(a->rbuf, a->sbuf, nbytes);
+    return 1;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * ring: n-1 steps; the partial sums of block b travel around the ring and end at rank b.
+ * Each block is cut into C chunks of at most $XCCL_RING_CHUNK_BYTES; chunk c of step s is
+ * message s*C + c, scheduled in rounds by xccl_pat_pipe (lag 2 when C > 1: the reduction of
+ * one round's chunks overlaps the next round's transfers).
+ *
+ *   step s      send to r+1                       receive from r-1, then
+ *   0           sbuf block r-1                    block r-2 -> stage; stage op= sbuf block
+ *   1 .. n-3    stage of step s-1 (block r-s-1)   block r-s-2 -> stage; stage op= sbuf block
+ *   n-2         stage of step n-3 (block r+1)     block r -> stage; rbuf = stage op sbuf[r]
+ *
+ * Stage: two sets of C chunk slots, used by even and odd steps, so a chunk can be received
+ * while the previous step's sum of the same chunk is still being sent.
+ * cost: n-1 α (2(n-2) + C rounds with C > 1 chunks), (n-1)/n N β, (n-1)/n N γ.
+ * ------------------------------------------------------------------------------------------- */
+typedef struct ring_ctx {
+    xccl_task_t    *t;
+    const char     *sbuf;
+    char           *rbuf;
+    char           *stage;
+    size_t          count, es, slot;
+    int             rank, size;
+    xccl_pat_pipe_t pipe;
+} ring_ctx_t;
+
+static char *ring_slot(const ring_ctx_t *x, int s, int c)
+{
+    return x->stage + ((size_t)(s & 1) * (size_t)x->pipe.nchunks + (size_t)c) * x->slot * x->es;
+}
+
+static xccl_status_t ring_post(const ring_ctx_t *x, int k)
+{
+    int n = x->size, r = x->rank;
+
+    for (int s = 0; s < x->pipe.nsteps; s++) {
+        int         c = xccl_pat_pipe_chunk(&x->pipe, s, k), sb;
+        uint32_t    step;
+        size_t      off, cnt;
+        const char *src;
+
+        if (c < 0) continue;
+        step = xccl_pat_pipe_step(&x->pipe, s, c) & XCCL_STEP_MAX;
+        off  = xccl_pat_block_off(x->count, x->pipe.nchunks, c);
+        cnt  = xccl_pat_block_count(x->count, x->pipe.nchunks, c);
+        sb   = xccl_pat_ring_rs_send_block(r, n, s);
+        src  = s == 0 ? x->sbuf + ((size_t)sb * x->count + off) * x->es : ring_slot(x, s - 1, c);
+        XCCL_CHECK(recv_nz(x->t, xccl_pat_ring_prev(r, n), ring_slot(x, s, c), cnt * x->es, step));
+        XCCL_CHECK(send_nz(x->t, xccl_pat_ring_next(r, n), src, cnt * x->es, step));
+    }
+    return XCCL_OK;
+}
+
+/* Reduces the chunks received in round j: those whose next step is posted in round j+1 when
+ * `urgent`, the others otherwise. */
+static xccl_status_t ring_reduce(const ring_ctx_t *x, int j, int urgent)
+{
+    for (int s = 0; s < x->pipe.nsteps; s++) {
+        int         c = xccl_pat_pipe_chunk(&x->pipe, s, j), b;
+        size_t      off, cnt;
+        const char *mine;
+        char       *dst;
+
+        if (c < 0) continue;
+        if ((xccl_pat_pipe_chunk(&x->pipe, s + 1, j + 1) == c) != urgent) continue;
+        off  = xccl_pat_block_off(x->count, x->pipe.nchunks, c);
+        cnt  = xccl_pat_block_count(x->count, x->pipe.nchunks, c);
+        b    = xccl_pat_ring_rs_recv_block(x->rank, x->size, s);
+        mine = x->sbuf + ((size_t)b * x->count + off) * x->es;
+        dst  = s == x->pipe.nsteps - 1 ? x->rbuf + off * x->es : ring_slot(x, s, c);
+        XCCL_CHECK(reduce_nz(x->t, dst, ring_slot(x, s, c), mine, cnt));
+    }
+    return XCCL_OK;
+}
+
+static int ring_nchunks(size_t block_bytes, size_t elsize, int n)
+{
+    int64_t chunk = xccl_env_int(XCCL_PAT_RING_CHUNK_ENV, XCCL_PAT_RING_CHUNK_DEFAULT);
+
+    if (chunk < (int64_t)elsize) chunk = (int64_t)elsize;
+    return xccl_pat_ring_nchunks(block_bytes, (size_t)chunk, n - 1, XCCL_STEP_MAX + 1u);
+}
+
+static xccl_status_t ring_progress(xccl_task_t *t)
+{
+    const xccl_coll_args_t *a = xccl_task_args(t);
+    uint64_t               *w = xccl_task_state(t); /* w[0]: next round, w[1]: chunks */
+    ring_ctx_t              x;
+    xccl_status_t           st;
+    int                     rounds;
+
+    if (trivial(t)) return XCCL_OK;
+    x.t     = t;
+    x.rank  = xccl_task_rank(t);
+    x.size  = xccl_task_size(t);
+    x.sbuf  = a->sbuf;
+    x.rbuf  = a->rbuf;
+    x.count = a->count;
+    x.es    = a->elsize;
+    if (w[1] == 0) w[1] = (uint64_t)ring_nchunks(x.count * x.es, x.es, x.size);
+    x.pipe  = xccl_pat_pipe(x.size - 1, x.size - 1, (int)w[1]);
+    x.slot  = xccl_pat_block_max(x.count, x.pipe.nchunks);
+    x.stage = scratch(t, 2 * (size_t)x.pipe.nchunks * x.slot * x.es, "ring");
+    if (x.stage == NULL) return XCCL_ERR_NO_MEMORY;
+    rounds = xccl_pat_pipe_rounds(&x.pipe);
+
+    /* Round k: reduce what round k's sends need, post round k, reduce the rest of round k-1.
+     * One extra round (k == rounds) only reduces. */
+    while ((st = xccl_task_test(t)) == XCCL_OK) {
+        int k = (int)w[0];
+
+        if (k > rounds) return XCCL_OK;
+        if (k > 0) XCCL_CHECK(ring_reduce(&x, k - 1, 1));
+        if (k < rounds) XCCL_CHECK(ring_post(&x, k));
+        if (k > 0) XCCL_CHECK(ring_reduce(&x, k - 1, 0));
+        w[0] = (uint64_t)k + 1;
+    }
+    return st;
+}
+
+static void ring_cost(int n, size_t nbytes, xccl_cost_t *out)
+{
+    double          f = n > 1 ? (double)(n - 1) / n : 0;
+    xccl_pat_pipe_t p;
+
+    memset(out, 0, sizeof(*out));
+    if (n == 1) return;
+    p = xccl_pat_pipe(n - 1, n - 1, ring_nchunks(nbytes / (size_t)n, 1, n));
+    out->steps        = xccl_pat_pipe_rounds(&p);
+    out->bytes        = f * (double)nbytes;
+    out->reduce_bytes = f * (double)nbytes;
+}
+
+const xccl_algo_t xccl_algo_reduce_scatter_ring = {
+    .name     = "ring",
+    .coll     = XCCL_COLL_REDUCE_SCATTER,
+    .summary  = "pipelined ring: n-1 steps, (n-1)/n N bytes",
+    .cost     = ring_cost,
+    .progress = ring_progress,
+};
+
+/* ---------------------------------------------------------------------------------------------
+ * rhd: recursive halving on the folded group (xccl_pat_fold). An extra rank r >= p gives its
+ * whole input to its proxy r-p, which then works for both ranks: part v of the halving is
+ * block v plus, on a proxy, block v+p (xccl_pat_fold_parts), so a message is at most two
+ * contiguous runs of blocks, sent as two messages.
+ *
+ *   stage     who            with      sends                 receives, then
+ *   0         extra          r-p       N (all of sbuf)       -
+ *             proxy          r+p       -                     N -> work; work = sbuf op work
+ *   1 .. L    r < p          r ^ d     the parts it gives    the parts it keeps -> stage;
+ *             d = p/2^stage            up (from sbuf in       work = (sbuf or work) op stage,
+ *                                      stage 1 unless proxy)  block r into rbuf at stage L
+ *   L+1       proxy          r+p       block r+p (N/n)       -
+ *             extra          r-p       -                     N/n into rbuf
+ *
+ * Rank 0 is on the critical path: it keeps K = sum over d of (d + min(d, n-p)) blocks, which
+ * is p-1 blocks when n = p (the proxies' parts are double, and all in the lower halves).
+ * cost: L + 2[x] α, K N/n + [x](N + N/n) β, K N/n + [x] N γ. Scratch: N plus the largest
+ * half (about N/2) on ranks < p.
+ * ------------------------------------------------------------------------------------------- */
+typedef struct rhd_ctx {
+    xccl_task_t    *t;
+    const char     *sbuf;
+    char           *rbuf, *work, *stage;
+    size_t          count, es;
+    int             rank, size;
+    xccl_pat_fold_t f;
+} rhd_ctx_t;
+
+/* Halving round with distance d: the parts this rank keeps and gives up, as [lo, lo + d). */
+static void rhd_halves(int v, int d, int *keep, int *give)
+{
+    int lo = xccl_pat_rd_range_lo(v, 2 * d);
+    *keep  = (v & d) ? lo + d : lo;
+    *give  = (v & d) ? lo : lo + d;
+}
+
+/* Posts the two runs of parts [lo, lo + d): from `src` (send) or into `stage` (receive). */
+static xccl_status_t rhd_xfer(const rhd_ctx_t *x, int send, int peer, const char *src, int lo,
+                              int d, uint32_t step)
+{
+    int    run[4];
+    size_t bb = x->count * x->es, at = 0;
+
+    xccl_pat_fold_parts(x->f.p, x->f.extra, lo, lo + d, &run[0], &run[1], &run[2], &run[3]);
+    for (int i = 0; i < 4; i += 2) {
+        size_t nbytes = (size_t)(run[i + 1] - run[i]) * bb;
+        if (send) {
+            XCCL_CHECK(send_nz(x->t, peer, src + (size_t)run[i] * bb, nbytes, step));
+        } else {
+            XCCL_CHECK(recv_nz(x->t, peer, x->stage + at, nbytes, step));
+            at += nbytes;
+        }
+    }
+    return XCCL_OK;
+}
+
+/* After the halving round of distance d: work (or rbuf) = src op stage over the kept parts. */
+static xccl_status_t rhd_reduce(const rhd_ctx_t *x, int d, const char *src)
+{
+    int    keep, give, run[4], peer = x->rank ^ d;
+    size_t bb = x->count * x->es, at = 0;
+
+    rhd_halves(x->rank, d, &keep, &give);
+    xccl_pat_fold_parts(x->f.p, x->f.extra, keep, keep + d, &run[0], &run[1], &run[2], &run[3]);
+    for (int i = 0; i < 4; i += 2) {
+        for (int b = run[i]; b < run[i + 1]; b++) {
+            char       *dst  = b == x->rank && d == 1 ? x->rbuf : x->work + (size_t)b * bb;
+            const char *mine = src + (size_t)b * bb, *theirs = x->stage + at;
+            if (peer < x->rank)
+                XCCL_CHECK(reduce_nz(x->t, dst, theirs, mine, x->count));
+            else
+                XCCL_CHECK(reduce_nz(x->t, dst, mine, theirs, x->count));
+            at += bb;
+        }
+    }
+    return XCCL_OK;
+}
+
+static xccl_status_t rhd_progress(xccl_task_t *t)
+{
+    const xccl_coll_args_t *a = xccl_task_args(t);
+    uint64_t               *w = xccl_task_state(t); /* w[0]: next stage */
+    rhd_ctx_t               x;
+    xccl_status_t           st;
+    size_t                  nbytes, bb;
+    int                     L, p, d0;
+
+    if (trivial(t)) return XCCL_OK;
+    x.t     = t;
+    x.rank  = xccl_task_rank(t);
+    x.size  = xccl_task_size(t);
+    x.sbuf  = a->sbuf;
+    x.rbuf  = a->rbuf;
+    x.count = a->count;
+    x.es    = a->elsize;
+    x.f     = xccl_pat_fold(x.rank, x.size);
+    L       = x.f.log_p;
+    p       = x.f.p;
+    bb      = x.count * x.es;
+    nbytes  = (size_t)x.size * bb;
+    d0      = p / 2;
+    x.work = x.stage = NULL;
+    if (x.f.role != XCCL_PAT_EXTRA) {
+        size_t half = (size_t)(d0 + (d0 < x.f.extra ? d0 : x.f.extra)) * bb;
+        x.work      = scratch(t, nbytes + half, "rhd");
+        if (x.work == NULL) return XCCL_ERR_NO_MEMORY;
+        x.stage = x.work + nbytes;
+    }
+
+    while ((st = xccl_task_test(t)) == XCCL_OK) {
+        int         k   = (int)w[0];
+        const char *cur = x.f.role == XCCL_PAT_PROXY || k > 1 ? x.work : x.sbuf;
+
+        /* finish stage k-1 */
+        if (k == 1 && x.f.role == XCCL_PAT_PROXY)
+            XCCL_CHECK(xccl_task_reduce(t, x.work, x.sbuf, x.work, (size_t)x.size * x.count));
+        if (k >= 2 && k <= L + 1 && x.f.role != XCCL_PAT_EXTRA)
+            XCCL_CHECK(rhd_reduce(&x, p >> (k - 1), k == 2 && x.f.role != XCCL_PAT_PROXY
+                                                         ? x.sbuf
+                                                         : x.work));
+        if (k == L + 2) return XCCL_OK;
+
+        /* post stage k */
+        if (k == 0 && x.f.role == XCCL_PAT_EXTRA) {
+            XCCL_CHECK(xccl_task_isend(t, x.f.peer, x.sbuf, nbytes, 0));
+        } else if (k == 0 && x.f.role == XCCL_PAT_PROXY) {
+            XCCL_CHECK(xccl_task_irecv(t, x.f.peer, x.work, nbytes, 0));
+        } else if (k >= 1 && k <= L && x.f.role != XCCL_PAT_EXTRA) {
+            int d = p >> k, keep, give;
+            rhd_halves(x.rank, d, &keep, &give);
+            XCCL_CHECK(rhd_xfer(&x, 0, x.rank ^ d, NULL, keep, d, (uint32_t)k));
+            XCCL_CHECK(rhd_xfer(&x, 1, x.rank ^ d, cur, give, d, (uint32_t)k));
+        } else if (k == L + 1 && x.f.role == XCCL_PAT_PROXY) {
+            XCCL_CHECK(xccl_task_isend(t, x.f.peer, x.work + (size_t)x.f.peer * bb, bb,
+                                       (uint32_t)k));
+        } else if (k == L + 1 && x.f.role == XCCL_PAT_EXTRA) {
+            XCCL_CHECK(xccl_task_irecv(t, x.f.peer, x.rbuf, bb, (uint32_t)k));
+        }
+        w[0] = (uint64_t)k + 1;
+    }
+    return st;
+}
+
+static void rhd_cost(int n, size_t nbytes, xccl_cost_t *out)
+{
+    xccl_pat_fold_t f    = xccl_pat_fold(0, n); /* rank 0 keeps the most blocks */
+    double          bb   = (double)nbytes / n, kept = 0;
+    double          fold = f.extra > 0 ? 1 : 0;
+
+    for (int d = f.p / 2; d >= 1; d /= 2) kept += d + (d < f.extra ? d : f.extra);
+    out->steps        = f.log_p + 2 * fold;
+    out->bytes        = kept * bb + fold * ((double)nbytes + bb);
+    out->reduce_bytes = kept * bb + fold * (double)nbytes;
+}
+
+const xccl_algo_t xccl_algo_reduce_scatter_rhd = {
+    .name     = "rhd",
+    .coll     = XCCL_COLL_REDUCE_SCATTER,
+    .summary  = "recursive halving: log2(n) steps, (n-1)/n N bytes (2 more steps and about "
+                "N more bytes when n is not a power of two)",
+    .cost     = rhd_cost,
+    .progress = rhd_progress,
+};
+
+/* ---------------------------------------------------------------------------------------------
+ * direct: one round; rank r sends block j of sbuf to every rank j != r, receives block r of
+ * every other rank, and reduces the n blocks in rank order, x0[r] op x1[r] op ..., through
+ * the scratch slot of rank 0 (rank 1 on rank 0); the last operation writes rbuf.
+ *
+ *   stage   sends                          receives
+ *   0       block j (N/n) to each j != r   block r from each peer into scratch slot
+ *   1       -                              -            rbuf = x0[r] op ... op x(n-1)[r]
+ *
+ * cost (one-port model): (n-1) α, (n-1)/n N β, (n-1)/n N γ. Scratch: (n-1)/n N.
+ * ------------------------------------------------------------------------------------------- */
+/* Block `rank` of rank j's input: in sbuf for this rank, else in scratch slot j (j-1 above
+ * this rank). The own block is only ever read. */
+static char *direct_block(const xccl_coll_args_t *a, char *tmp, int rank, int j)
+{
+    size_t bb = a->count * a->elsize;
+
+    if (j == rank) return (char *)a->sbuf + (size_t)rank * bb;
+    return tmp + (size_t)(j < rank ? j : j - 1) * bb;
+}
+
+static xccl_status_t direct_progress(xccl_task_t *t)
+{
+    const xccl_coll_args_t *a = xccl_task_args(t);
+    uint64_t               *w = xccl_task_state(t); /* w[0]: 1 once posted */
+    int                     r = xccl_task_rank(t), n = xccl_task_size(t);
+    size_t                  bb   = a->count * a->elsize;
+    const char             *sbuf = a->sbuf;
+    char                   *tmp, *acc;
+    xccl_status_t           st;
+
+    if (trivial(t)) return XCCL_OK;
+    tmp = scratch(t, (size_t)(n - 1) * bb, "direct");
+    if (tmp == NULL) return XCCL_ERR_NO_MEMORY;
+    if (w[0] == 0) {
+        for (int i = 1; i < n; i++) {
+            int to = xccl_pat_mod(r + i, n), from = xccl_pat_mod(r - i, n);
+            XCCL_CHECK(xccl_task_irecv(t, from, direct_block(a, tmp, r, from), bb, 0));
+            XCCL_CHECK(xccl_task_isend(t, to, sbuf + (size_t)to * bb, bb, 0));
+        }
+        w[0] = 1;
+    }
+    st = xccl_task_test(t);
+    if (st != XCCL_OK) return st;
+    acc = direct_block(a, tmp, r, r == 0 ? 1 : 0);
+    for (int j = 1; j < n; j++)
+        XCCL_CHECK(xccl_task_reduce(t, j == n - 1 ? a->rbuf : acc,
+                                    j == 1 ? direct_block(a, tmp, r, 0) : acc,
+                                    direct_block(a, tmp, r, j), a->count));
+    return XCCL_OK;
+}
+
+/* Only while the scratch ((n-1)/n N) stays below DIRECT_MAX_SCRATCH: meant for small vectors. */
+static int direct_applicable(const xccl_coll_args_t *a, int size)
+{
+    return a->count == 0 || (size_t)(size - 1) * a->count * a->elsize <= DIRECT_MAX_SCRATCH;
+}
+
+static void direct_cost(int n, size_t nbytes, xccl_cost_t *out)
+{
+    double f = n > 1 ? (double)(n - 1) / n : 0;
+
+    out->steps        = n - 1;
+    out->bytes        = f * (double)nbytes;
+    out->reduce_bytes = f * (double)nbytes;
+}
+
+const xccl_algo_t xccl_algo_reduce_scatter_direct = {
+    .name       = "direct",
+    .coll       = XCCL_COLL_REDUCE_SCATTER,
+    .summary    = "block j straight to rank j, reduced there in rank order: 1 round of n-1 "
+                  "messages, (n-1)/n N bytes",
+    .applicable = direct_applicable,
+    .cost       = direct_cost,
+    .progress   = direct_progress,
+};

@@ -1,0 +1,97 @@
+/* SPDX-License-Identifier: Apache-2.0
+ *
+ * registry.c - the table of every collective algorithm, by collective, and its lookup. The
+ * order of a list is the tie-break of the cost-model selection (select.c): first wins.
+ * Adding an algorithm = defining its xccl_algo_t in its file and naming it here.
+ */
+#include "algo/algo.h"
+
+#include <string.h>
+
+extern const xccl_algo_t xccl_algo_allreduce_ring, xccl_algo_allreduce_rd,
+    xccl_algo_allreduce_rabenseifner, xccl_algo_allreduce_direct;
+extern const xccl_algo_t xccl_algo_broadcast_binomial, xccl_algo_broadcast_linear,
+    xccl_algo_broadcast_scatter_allgather;
+extern const xccl_algo_t xccl_algo_reduce_binomial, xccl_algo_reduce_linear;
+extern const xccl_algo_t xccl_algo_allgather_ring, xccl_algo_allgather_rd,
+    xccl_algo_allgather_bruck, xccl_algo_allgather_direct;
+extern const xccl_algo_t xccl_algo_gather_binomial, xccl_algo_gather_linear;
+extern const xccl_algo_t xccl_algo_scatter_binomial, xccl_algo_scatter_linear;
+extern const xccl_algo_t xccl_algo_reduce_scatter_ring, xccl_algo_reduce_scatter_rhd,
+    xccl_algo_reduce_scatter_direct;
+extern const xccl_algo_t xccl_algo_alltoall_pairwise, xccl_algo_alltoall_bruck,
+    xccl_algo_alltoall_linear;
+extern const xccl_algo_t xccl_algo_alltoallv_pairwise, xccl_algo_alltoallv_linear;
+extern const xccl_algo_t xccl_algo_barrier_dissemination, xccl_algo_barrier_linear;
+
+static const xccl_algo_t *const allreduce_algos[] = {
+    &xccl_algo_allreduce_ring, &xccl_algo_allreduce_rd, &xccl_algo_allreduce_rabenseifner,
+    &xccl_algo_allreduce_direct, NULL};
+static const xccl_algo_t *const broadcast_algos[] = {
+    &xccl_algo_broadcast_binomial, &xccl_algo_broadcast_linear,
+    &xccl_algo_broadcast_scatter_allgather, NULL};
+static const xccl_algo_t *const reduce_algos[] = {&xccl_algo_reduce_binomial,
+                                                  &xccl_algo_reduce_linear, NULL};
+static const xccl_algo_t *const allgather_algos[] = {
+    &xccl_algo_allgather_ring, &xccl_algo_allgather_rd, &xccl_algo_allgather_bruck,
+    &xccl_algo_allgather_direct, NULL};
+static const xccl_algo_t *const gather_algos[] = {&xccl_algo_gather_binomial,
+                                                  &xccl_algo_gather_linear, NULL};
+static const xccl_algo_t *const scatter_algos[] = {&xccl_algo_scatter_binomial,
+                                                   &xccl_algo_scatter_linear, NULL};
+static const xccl_algo_t *const reduce_scatter_algos[] = {
+    &xccl_algo_reduce_scatter_ring, &xccl_algo_reduce_scatter_rhd,
+    &xccl_algo_reduce_scatter_direct, NULL};
+static const xccl_algo_t *const alltoall_algos[] = {
+    &xccl_algo_alltoall_pairwise, &xccl_algo_alltoall_bruck, &xccl_algo_alltoall_linear, NULL};
+static const xccl_algo_t *const alltoallv_algos[] = {&xccl_algo_alltoallv_pairwise,
+                                                     &xccl_algo_alltoallv_linear, NULL};
+static const xccl_algo_t *const barrier_algos[] = {&xccl_algo_barrier_dissemination,
+                                                   &xccl_algo_barrier_linear, NULL};
+
+/* Indexed by xccl_coll_t. */
+static const struct {
+    const char               *name;
+    const xccl_algo_t *const *algos;
+} colls[XCCL_COLL_COUNT] = {
+    [XCCL_COLL_ALLREDUCE]      = {"all_reduce", allreduce_algos},
+    [XCCL_COLL_BROADCAST]      = {"broadcast", broadcast_algos},
+    [XCCL_COLL_REDUCE]         = {"reduce", reduce_algos},
+    [XCCL_COLL_ALLGATHER]      = {"all_gather", allgather_algos},
+    [XCCL_COLL_GATHER]         = {"gather", gather_algos},
+    [XCCL_COLL_SCATTER]        = {"scatter", scatter_algos},
+    [XCCL_COLL_REDUCE_SCATTER] = {"reduce_scatter", reduce_scatter_algos},
+    [XCCL_COLL_ALLTOALL]       = {"all_to_all", alltoall_algos},
+    [XCCL_COLL_ALLTOALLV]      = {"all_to_all_v", alltoallv_algos},
+    [XCCL_COLL_BARRIER]        = {"barrier", barrier_algos},
+};
+
+const char *xccl_coll_name(xccl_coll_t coll)
+{
+    return (unsigned)coll < XCCL_COLL_COUNT ? colls[coll].name : "?";
+}
+
+const xccl_algo_t *const *xccl_algo_list(xccl_coll_t coll)
+{
+    static const xccl_algo_t *const none[] = {NULL};
+    return (unsigned)coll < XCCL_COLL_COUNT ? colls[coll].algos : none;
+}
+
+const xccl_algo_t *xccl_algo_find(xccl_coll_t coll, const char *name)
+{
+    const xccl_algo_t *const *list = xccl_algo_list(coll);
+
+    if (name == NULL) return NULL;
+    for (int i = 0; list[i] != NULL; i++)
+        if (strcmp(list[i]->name, name) == 0) return list[i];
+    return NULL;
+}
+
+double xccl_algo_predict(const xccl_algo_t *a, const xccl_cost_model_t *m, int size,
+                         size_t nbytes)
+{
+    xccl_cost_t c = {0, 0, 0};
+
+    if (a->cost != NULL) a->cost(size, nbytes, &c);
+    return c.steps * m->alpha + c.bytes * m->beta + c.reduce_bytes * m->gamma;
+}

@@ -1,0 +1,281 @@
+/* SPDX-License-Identifier: Apache-2.0
+ *
+ * select.c - choice of the algorithm of a collective: forced per call, by a rule of $XCCL_ALGO,
+ * or by the α-β-γ cost model.
+ *
+ * $XCCL_ALGO grammar (spaces around tokens are ignored, empty rules are skipped):
+ *
+ *     XCCL_ALGO := rule { ";" rule }
+ *     rule      := coll [ ":" lo "-" hi ] "=" algo
+ *     coll      := a collective as xccl_coll_name prints it ("all_reduce", "broadcast",
+ *                  "reduce_scatter", "all_to_all_v", ...), case and underscores optional
+ *                  ("allreduce", "AllGather", "alltoallv")
+ *     lo, hi    := bytes, an integer with an optional k, m or g suffix (powers of 1024); hi
+ *                  may be "inf". A rule matches when lo <= nbytes <= hi, nbytes being the
+ *                  size the cost model uses (algo.h: the whole vector for all_reduce, the
+ *                  whole gathered output for all_gather, ...). No range: every size.
+ *     algo      := an algorithm name of that collective, or "auto" for the cost model
+ *
+ *     XCCL_ALGO="allreduce:0-64k=rd; allreduce:64k-inf=ring; broadcast=binomial"
+ *
+ * The first matching rule wins. A malformed variable fails every collective, an unknown or
+ * inapplicable algorithm fails the collectives its rule matches (XCCL_ERR_INVALID_ARG naming
+ * it and the valid ones). The variable is parsed once, on first use (thread-safe);
+ * xccl_algo_reset_env makes the next selection read it again. Every rank must see the same
+ * value, or ranks will run different schedules.
+ */
+#include "algo/algo.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "core/check.h"
+
+#define MAX_RULES 64
+#define NAME_MAX_LEN 32
+
+typedef struct rule {
+    xccl_coll_t coll;
+    size_t      lo, hi; /* inclusive byte range */
+    char        algo[NAME_MAX_LEN];
+    char        text[96]; /* the rule as written, for messages */
+} rule_t;
+
+static pthread_mutex_t env_lock = PTHREAD_MUTEX_INITIALIZER;
+static int             env_parsed;
+static int             nrules;
+static rule_t          rules[MAX_RULES];
+static xccl_status_t   env_status;
+static char            env_error[512];
+
+/* Fallback when the caller has no model. */
+static const xccl_cost_model_t default_model = {20e-6, 1.0 / 2.0e9, 1.0 / 4.0e9};
+
+void xccl_algo_reset_env(void);
+
+/* Collective names compare without case and underscores: "allreduce" == "all_reduce". */
+static int coll_name_eq(const char *a, size_t alen, const char *b)
+{
+    size_t i = 0;
+
+    for (;;) {
+        while (i < alen && a[i] == '_') i++;
+        while (*b == '_') b++;
+        if (i == alen || *b == '\0') return i == alen && *b == '\0';
+        if (tolower((unsigned char)a[i]) != tolower((unsigned char)*b)) return 0;
+        i++;
+        b++;
+    }
+}
+
+static const char *trim(const char *s, const char *end, size_t *len)
+{
+    while (s < end && isspace((unsigned char)*s)) s++;
+    while (end > s && isspace((unsigned char)end[-1])) end--;
+    *len = (size_t)(end - s);
+    return s;
+}
+
+/* A byte count "123", "64k", "1M", "2g" or (hi only) "inf". Returns 0 on success. */
+static int parse_bytes(const char *s, size_t len, int allow_inf, size_t *out)
+{
+    char               buf[32], *end;
+    unsigned long long v;
+    unsigned           shift = 0;
+
+    if (len == 0 || len >= sizeof(buf)) return -1;
+    memcpy(buf, s, len);
+    buf[len] = '\0';
+    if (allow_inf && strcasecmp(buf, "inf") == 0) {
+        *out = SIZE_MAX;
+        return 0;
+    }
+    if (!isdigit((unsigned char)buf[0])) return -1;
+    errno = 0;
+    v     = strtoull(buf, &end, 10);
+    if (errno != 0) return -1;
+    switch (tolower((unsigned char)*end)) {
+    case '\0': break;
+    case 'k': shift = 10; end++; break;
+    case 'm': shift = 20; end++; break;
+    case 'g': shift = 30; end++; break;
+    default: return -1;
+    }
+    if (*end != '\0' || v > (SIZE_MAX >> shift)) return -1;
+    *out = (size_t)(v << shift);
+    return 0;
+}
+
+/* Parses one rule [s, end) into r; on error writes env_error and returns -1. */
+static int parse_rule(const char *s, const char *end, rule_t *r)
+{
+    const char *eq = memchr(s, '=', (size_t)(end - s)), *colon, *dash, *p;
+    size_t      len, clen;
+    int         c;
+
+    p = trim(s, end, &len);
+    snprintf(r->text, sizeof(r->text), "%.*s", (int)len, p);
+    if (eq == NULL) goto bad;
+    colon = memchr(s, ':', (size_t)(eq - s));
+    p     = trim(s, colon ? colon : eq, &clen);
+    for (c = 0; c < XCCL_COLL_COUNT; c++)
+        if (coll_name_eq(p, clen, xccl_coll_name((xccl_coll_t)c))) break;
+    if (c == XCCL_COLL_COUNT) {
+        snprintf(env_error, sizeof(env_error),
+                 "XCCL_ALGO: rule '%s': unknown collective '%.*s' (all_reduce, broadcast, "
+                 "reduce, all_gather, gather, scatter, reduce_scatter, all_to_all, "
+                 "all_to_all_v, barrier)",
+                 r->text, (int)clen, p);
+        return -1;
+    }
+    r->coll = (xccl_coll_t)c;
+    r->lo   = 0;
+    r->hi   = SIZE_MAX;
+    if (colon != NULL) {
+        dash = memchr(colon + 1, '-', (size_t)(eq - colon - 1));
+        if (dash == NULL) goto bad;
+        p = trim(colon + 1, dash, &len);
+        if (parse_bytes(p, len, 0, &r->lo) != 0) goto bad;
+        p = trim(dash + 1, eq, &len);
+        if (parse_bytes(p, len, 1, &r->hi) != 0 || r->hi < r->lo) goto bad;
+    }
+    p = trim(eq + 1, end, &len);
+    if (len == 0 || len >= sizeof(r->algo)) goto bad;
+    memcpy(r->algo, p, len);
+    r->algo[len] = '\0';
+    return 0;
+bad:
+    snprintf(env_error, sizeof(env_error),
+             "XCCL_ALGO: malformed rule '%s' (expected coll[:lo-hi]=algo, e.g. "
+             "all_reduce:0-64k=rd)",
+             r->text);
+    return -1;
+}
+
+/* Reads $XCCL_ALGO into rules[]; called with env_lock held. */
+static void parse_env(void)
+{
+    const char *v = getenv("XCCL_ALGO"), *s, *end;
+
+    nrules     = 0;
+    env_status = XCCL_OK;
+    env_error[0] = '\0';
+    env_parsed = 1;
+    if (v == NULL) return;
+    for (s = v; *s != '\0'; s = *end ? end + 1 : end) {
+        size_t len;
+
+        end = strchr(s, ';');
+        if (end == NULL) end = s + strlen(s);
+        trim(s, end, &len);
+        if (len == 0) continue;
+        if (nrules == MAX_RULES) {
+            snprintf(env_error, sizeof(env_error), "XCCL_ALGO: more than %d rules", MAX_RULES);
+            env_status = XCCL_ERR_INVALID_ARG;
+            return;
+        }
+        if (parse_rule(s, end, &rules[nrules]) != 0) {
+            env_status = XCCL_ERR_INVALID_ARG;
+            nrules     = 0;
+            return;
+        }
+        nrules++;
+    }
+}
+
+void xccl_algo_reset_env(void)
+{
+    pthread_mutex_lock(&env_lock);
+    env_parsed = 0;
+    pthread_mutex_unlock(&env_lock);
+}
+
+/* "ring, rd, direct" into buf; with args, only those applicable to them. */
+static void list_names(const xccl_coll_args_t *args, int size, char *buf, size_t len)
+{
+    const xccl_algo_t *const *list = xccl_algo_list(args->coll);
+    size_t                    at   = 0;
+
+    buf[0] = '\0';
+    for (int i = 0; list[i] != NULL && at < len; i++) {
+        if (list[i]->applicable != NULL && !list[i]->applicable(args, size)) continue;
+        at += (size_t)snprintf(buf + at, len - at, "%s%s", at ? ", " : "", list[i]->name);
+    }
+}
+
+/* The algorithm called `name`, checked against the arguments; `why` says who asked. */
+static xccl_status_t choose_named(const xccl_coll_args_t *args, int size, const char *name,
+                                  const char *why, const xccl_algo_t **out)
+{
+    const xccl_algo_t *a = xccl_algo_find(args->coll, name);
+    char               valid[256];
+
+    list_names(args, size, valid, sizeof(valid));
+    if (a == NULL)
+        return XCCL_ERROR(XCCL_ERR_INVALID_ARG, "%s: unknown algorithm '%s' (%s); valid: %s",
+                          xccl_coll_name(args->coll), name, why, valid);
+    if (a->applicable != NULL && !a->applicable(args, size))
+        return XCCL_ERROR(XCCL_ERR_INVALID_ARG,
+                          "%s: algorithm '%s' (%s) cannot run %d ranks with count %zu of %s; "
+                          "applicable: %s",
+                          xccl_coll_name(args->coll), name, why, size, args->count,
+                          xccl_dtype_name(args->dtype), valid);
+    *out = a;
+    return XCCL_OK;
+}
+
+xccl_status_t xccl_algo_select(const xccl_coll_args_t *args, int size, size_t nbytes,
+                               const xccl_cost_model_t *m, const char *forced,
+                               const xccl_algo_t **out)
+{
+    const xccl_algo_t *const *list;
+    const xccl_algo_t        *best = NULL;
+    double                    best_t = 0;
+    char                      algo[NAME_MAX_LEN], why[160], msg[sizeof(env_error)];
+    xccl_status_t             st;
+    int                       found = 0;
+
+    if (args == NULL || out == NULL || (unsigned)args->coll >= XCCL_COLL_COUNT || size < 1)
+        return XCCL_ERROR(XCCL_ERR_INVALID_ARG, "algorithm selection: bad arguments");
+    if (m == NULL) m = &default_model;
+    if (forced != NULL && *forced != '\0' && strcmp(forced, "auto") != 0)
+        return choose_named(args, size, forced, "requested by the call", out);
+
+    pthread_mutex_lock(&env_lock);
+    if (!env_parsed) parse_env();
+    st = env_status;
+    snprintf(msg, sizeof(msg), "%s", env_error);
+    for (int i = 0; st == XCCL_OK && i < nrules && !found; i++) {
+        const rule_t *r = &rules[i];
+        if (r->coll != args->coll || nbytes < r->lo || nbytes > r->hi) continue;
+        snprintf(algo, sizeof(algo), "%s", r->algo);
+        snprintf(why, sizeof(why), "XCCL_ALGO rule '%s'", r->text);
+        found = 1;
+    }
+    pthread_mutex_unlock(&env_lock);
+    if (st != XCCL_OK) return XCCL_ERROR(st, "%s", msg);
+    if (found && strcmp(algo, "auto") != 0) return choose_named(args, size, algo, why, out);
+
+    list = xccl_algo_list(args->coll);
+    for (int i = 0; list[i] != NULL; i++) {
+        double t;
+        if (list[i]->applicable != NULL && !list[i]->applicable(args, size)) continue;
+        t = xccl_algo_predict(list[i], m, size, nbytes);
+        if (best == NULL || t < best_t) {
+            best   = list[i];
+            best_t = t;
+        }
+    }
+    if (best == NULL)
+        return XCCL_ERROR(XCCL_ERR_NOT_SUPPORTED,
+                          "%s: no algorithm can run %d ranks with count %zu of %s",
+                          xccl_coll_name(args->coll), size, args->count,
+                          xccl_dtype_name(args->dtype));
+    *out = best;
+    return XCCL_OK;
+}

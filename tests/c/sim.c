@@ -1,0 +1,451 @@
+/* SPDX-License-Identifier: Apache-2.0
+ *
+ * sim.c - the in-process simulator of the xccl_task_* primitives (model in sim.h). Linked
+ * instead of the core by the algorithm tests, so these definitions are the only ones.
+ */
+#include "sim.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/check.h"
+#include "core/reduce.h"
+
+typedef struct sim sim_t;
+
+typedef struct sim_req {
+    xccl_task_t    *task;
+    int             is_send;
+    int             peer;
+    void           *buf;
+    size_t          nbytes;
+    uint32_t        step;
+    int             done;
+    struct sim_req *match; /* the other side once matched */
+} sim_req_t;
+
+/* A growable array of request pointers. */
+typedef struct req_vec {
+    sim_req_t **v;
+    size_t      n, cap;
+} req_vec_t;
+
+struct xccl_task {
+    sim_t                  *sim;
+    int                     rank;
+    const xccl_coll_args_t *args;
+    uint64_t                state[XCCL_TASK_STATE_WORDS];
+    unsigned char          *scratch;
+    size_t                  scratch_bytes;
+    req_vec_t               reqs; /* posted and not yet forgotten by xccl_task_test */
+    int                     finished;
+};
+
+struct sim {
+    int           size;
+    xccl_task_t  *tasks;
+    req_vec_t    *sends;   /* [src * size + dst]: unmatched sends, posting order    */
+    req_vec_t    *recvs;   /* [src * size + dst]: unmatched receives, posting order */
+    req_vec_t     matched; /* receives matched and not yet delivered                */
+    uint64_t      rng;
+    uint64_t      events;  /* posts, deliveries, reductions, completions            */
+    int           failed;
+    sim_result_t *res;
+};
+
+static int vec_push(req_vec_t *q, sim_req_t *r)
+{
+    if (q->n == q->cap) {
+        size_t      cap = q->cap ? 2 * q->cap : 16;
+        sim_req_t **v   = realloc(q->v, cap * sizeof(*v));
+        if (v == NULL) return -1;
+        q->v   = v;
+        q->cap = cap;
+    }
+    q->v[q->n++] = r;
+    return 0;
+}
+
+static void vec_remove(req_vec_t *q, size_t i)
+{
+    memmove(&q->v[i], &q->v[i + 1], (q->n - i - 1) * sizeof(q->v[0]));
+    q->n--;
+}
+
+/* Records the first failure; later ones only keep the first message. */
+static xccl_status_t sim_fail(sim_t *sim, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static xccl_status_t sim_fail(sim_t *sim, const char *fmt, ...)
+{
+    va_list ap;
+
+    if (!sim->failed) {
+        va_start(ap, fmt);
+        vsnprintf(sim->res->error, sizeof(sim->res->error), fmt, ap);
+        va_end(ap);
+        sim->failed = 1;
+    }
+    return xccl_error_set(XCCL_ERR_INTERNAL, "%s", sim->res->error);
+}
+
+static uint64_t sim_rand(sim_t *sim)
+{
+    /* splitmix64: deterministic for a given seed */
+    uint64_t z = (sim->rng += 0x9e3779b97f4a7c15ull);
+    z          = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z          = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static int overlaps(const void *a, size_t na, const void *b, size_t nb)
+{
+    const char *pa = a, *pb = b;
+    return na != 0 && nb != 0 && pa < pb + nb && pb < pa + na;
+}
+
+/* The first request t has not forgotten (receives only, with recvs_only) whose buffer meets
+ * [buf, buf + nbytes). */
+static const sim_req_t *find_overlap(const xccl_task_t *t, const void *buf, size_t nbytes,
+                                     int recvs_only)
+{
+    for (size_t i = 0; i < t->reqs.n; i++) {
+        const sim_req_t *r = t->reqs.v[i];
+        if (recvs_only && r->is_send) continue;
+        if (overlaps(r->buf, r->nbytes, buf, nbytes)) return r;
+    }
+    return NULL;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The xccl_task_* primitives
+ * ------------------------------------------------------------------------------------------- */
+
+const xccl_coll_args_t *xccl_task_args(const xccl_task_t *t) { return t->args; }
+int                     xccl_task_rank(const xccl_task_t *t) { return t->rank; }
+int                     xccl_task_size(const xccl_task_t *t) { return t->sim->size; }
+uint64_t               *xccl_task_state(xccl_task_t *t) { return t->state; }
+
+static xccl_status_t post(xccl_task_t *t, int is_send, int peer, void *buf, size_t nbytes,
+                          uint32_t step)
+{
+    sim_t           *sim = t->sim;
+    const char      *what = is_send ? "send to" : "recv from";
+    const sim_req_t *o;
+    sim_req_t       *r;
+    req_vec_t       *mine, *theirs;
+    int              pair;
+
+    if (peer < 0 || peer >= sim->size || peer == t->rank)
+        return sim_fail(sim, "rank %d: %s invalid peer %d (step %u)", t->rank, what, peer, step);
+    if (step > XCCL_STEP_MAX)
+        return sim_fail(sim, "rank %d: %s %d with step %u > XCCL_STEP_MAX", t->rank, what, peer,
+                        step);
+    if (buf == NULL && nbytes != 0)
+        return sim_fail(sim, "rank %d: %s %d step %u: NULL buffer", t->rank, what, peer, step);
+    o = find_overlap(t, buf, nbytes, is_send);
+    if (o != NULL)
+        return sim_fail(sim,
+                        "rank %d: %s %d step %u (%zu B) overlaps its pending %s %d step %u",
+                        t->rank, what, peer, step, nbytes, o->is_send ? "send to" : "recv from",
+                        o->peer, o->step);
+    r = calloc(1, sizeof(*r));
+    if (r == NULL || vec_push(&t->reqs, r) != 0) {
+        free(r);
+        return sim_fail(sim, "sim: out of memory");
+    }
+    r->task    = t;
+    r->is_send = is_send;
+    r->peer    = peer;
+    r->buf     = buf;
+    r->nbytes  = nbytes;
+    r->step    = step;
+    sim->events++;
+
+    if (is_send) {
+        sim_result_t *res = sim->res;
+        sim_msg_t    *m   = realloc(res->msgs, (res->nmsgs + 1) * sizeof(*m));
+        if (m == NULL) return sim_fail(sim, "sim: out of memory");
+        res->msgs                = m;
+        res->msgs[res->nmsgs++] = (sim_msg_t){t->rank, peer, step, nbytes};
+    }
+
+    /* match with the oldest unmatched request of the other side with the same step */
+    pair   = is_send ? t->rank * sim->size + peer : peer * sim->size + t->rank;
+    mine   = is_send ? &sim->sends[pair] : &sim->recvs[pair];
+    theirs = is_send ? &sim->recvs[pair] : &sim->sends[pair];
+    for (size_t i = 0; i < theirs->n; i++) {
+        sim_req_t *x = theirs->v[i];
+        if (x->step != step) continue;
+        if (x->nbytes != nbytes)
+            return sim_fail(sim, "rank %d: %s %d step %u of %zu B matched a %s of %zu B",
+                            t->rank, what, peer, step, nbytes, is_send ? "recv" : "send",
+                            x->nbytes);
+        vec_remove(theirs, i);
+        r->match = x;
+        x->match = r;
+        if (vec_push(&sim->matched, is_send ? x : r) != 0)
+            return sim_fail(sim, "sim: out of memory");
+        return XCCL_OK;
+    }
+    if (vec_push(mine, r) != 0) return sim_fail(sim, "sim: out of memory");
+    return XCCL_OK;
+}
+
+xccl_status_t xccl_task_isend(xccl_task_t *t, int peer, const void *buf, size_t nbytes,
+                              uint32_t step)
+{
+    return post(t, 1, peer, (void *)buf, nbytes, step);
+}
+
+xccl_status_t xccl_task_irecv(xccl_task_t *t, int peer, void *buf, size_t nbytes, uint32_t step)
+{
+    return post(t, 0, peer, buf, nbytes, step);
+}
+
+xccl_status_t xccl_task_test(xccl_task_t *t)
+{
+    if (t->sim->failed) return XCCL_ERR_INTERNAL;
+    for (size_t i = 0; i < t->reqs.n; i++)
+        if (!t->reqs.v[i]->done) return XCCL_INPROGRESS;
+    for (size_t i = 0; i < t->reqs.n; i++) free(t->reqs.v[i]);
+    t->reqs.n = 0;
+    return XCCL_OK;
+}
+
+int xccl_task_pending(const xccl_task_t *t)
+{
+    int n = 0;
+    for (size_t i = 0; i < t->reqs.n; i++) n += !t->reqs.v[i]->done;
+    return n;
+}
+
+xccl_status_t xccl_task_reduce(xccl_task_t *t, void *dst, const void *a, const void *b,
+                               size_t count)
+{
+    sim_t                  *sim    = t->sim;
+    const xccl_coll_args_t *args   = t->args;
+    size_t                  nbytes = count * args->elsize;
+    const sim_req_t        *o;
+
+    if ((o = find_overlap(t, dst, nbytes, 0)) != NULL ||
+        (o = find_overlap(t, a, nbytes, 1)) != NULL || (o = find_overlap(t, b, nbytes, 1)) != NULL)
+        return sim_fail(sim, "rank %d: reduce of %zu B touches its pending %s %d step %u",
+                        t->rank, nbytes, o->is_send ? "send to" : "recv from", o->peer, o->step);
+    sim->events++;
+    sim->res->reduce_bytes[t->rank] += nbytes;
+    sim->res->reduce_calls[t->rank]++;
+    return xccl_reduce2(dst, a, b, count, args->dtype, args->op);
+}
+
+void *xccl_task_scratch(xccl_task_t *t, size_t nbytes)
+{
+    unsigned char *p;
+
+    if (nbytes <= t->scratch_bytes && t->scratch != NULL) return t->scratch;
+    if (t->scratch != NULL && find_overlap(t, t->scratch, t->scratch_bytes, 0) != NULL) {
+        sim_fail(t->sim, "rank %d: scratch grown to %zu B while a request uses it", t->rank,
+                 nbytes);
+        return NULL;
+    }
+    /* always move, so that stale pointers into the old buffer fail under ASan */
+    p = malloc(nbytes ? nbytes : 1);
+    if (p == NULL) return NULL;
+    memset(p, 0xa5, nbytes);
+    if (t->scratch != NULL) memcpy(p, t->scratch, t->scratch_bytes);
+    free(t->scratch);
+    t->scratch       = p;
+    t->scratch_bytes = nbytes;
+    return p;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The scheduler
+ * ------------------------------------------------------------------------------------------- */
+
+/* Delivers matched pairs: all of them with seed 0, else each with probability 1/2 and at
+ * least one. */
+static void deliver(sim_t *sim, int random)
+{
+    size_t i = 0, delivered = 0;
+
+    while (i < sim->matched.n) {
+        sim_req_t *rv = sim->matched.v[i], *sd = rv->match;
+        int        go = !random || (sim_rand(sim) & 1) ||
+                 (delivered == 0 && i + 1 == sim->matched.n);
+        if (!go) {
+            i++;
+            continue;
+        }
+        if (rv->nbytes != 0) memcpy(rv->buf, sd->buf, rv->nbytes);
+        rv->done = sd->done = 1;
+        vec_remove(&sim->matched, i);
+        delivered++;
+        sim->events++;
+    }
+}
+
+static void describe_deadlock(sim_t *sim, long pass)
+{
+    char  *e   = sim->res->error;
+    size_t cap = sizeof(sim->res->error), len;
+
+    len = (size_t)snprintf(e, cap, "deadlock after %ld passes:", pass);
+    for (int r = 0; r < sim->size && len < cap; r++) {
+        const xccl_task_t *t = &sim->tasks[r];
+        if (t->finished) continue;
+        len += (size_t)snprintf(e + len, cap - len, " [rank %d:", r);
+        for (size_t i = 0; i < t->reqs.n && len < cap; i++) {
+            const sim_req_t *q = t->reqs.v[i];
+            if (q->done) continue;
+            len += (size_t)snprintf(e + len, cap - len, " %s %d step %u %zuB%s",
+                                    q->is_send ? "send->" : "recv<-", q->peer, q->step,
+                                    q->nbytes, q->match ? " (matched)" : "");
+        }
+        if (len < cap) len += (size_t)snprintf(e + len, cap - len, "]");
+    }
+    sim->failed = 1;
+}
+
+xccl_status_t sim_run(const xccl_algo_t *algo, int size, const xccl_coll_args_t *args,
+                      const sim_opts_t *opts, sim_result_t *res)
+{
+    sim_t         sim;
+    xccl_status_t st       = XCCL_OK;
+    long          max_pass = opts && opts->max_passes > 0 ? opts->max_passes : 10000000;
+    int           random   = opts && opts->seed != 0;
+    int           left     = size;
+    long          pass;
+
+    memset(res, 0, sizeof(*res));
+    memset(&sim, 0, sizeof(sim));
+    sim.size  = size;
+    sim.res   = res;
+    sim.rng   = opts ? opts->seed : 0;
+    sim.tasks = calloc((size_t)size, sizeof(*sim.tasks));
+    sim.sends = calloc((size_t)size * (size_t)size, sizeof(*sim.sends));
+    sim.recvs = calloc((size_t)size * (size_t)size, sizeof(*sim.recvs));
+    res->reduce_bytes = calloc((size_t)size, sizeof(size_t));
+    res->reduce_calls = calloc((size_t)size, sizeof(size_t));
+    if (!sim.tasks || !sim.sends || !sim.recvs || !res->reduce_bytes || !res->reduce_calls) {
+        snprintf(res->error, sizeof(res->error), "sim: out of memory");
+        st = XCCL_ERR_NO_MEMORY;
+        goto out;
+    }
+    for (int r = 0; r < size; r++) {
+        sim.tasks[r].sim  = &sim;
+        sim.tasks[r].rank = r;
+        sim.tasks[r].args = &args[r];
+    }
+
+    for (pass = 0; left > 0; pass++) {
+        uint64_t before = sim.events;
+
+        if (pass == max_pass) {
+            snprintf(res->error, sizeof(res->error), "no completion after %ld passes", pass);
+            st = XCCL_ERR_INTERNAL;
+            goto out;
+        }
+        for (int r = 0; r < size; r++) {
+            xccl_task_t *t = &sim.tasks[r];
+            if (t->finished) continue;
+            st = algo->progress(t);
+            if (sim.failed) {
+                st = XCCL_ERR_INTERNAL;
+                goto out;
+            }
+            if (st < 0) {
+                snprintf(res->error, sizeof(res->error), "rank %d: %s progress: %s: %s", r,
+                         algo->name, xccl_status_string(st), xccl_last_error());
+                goto out;
+            }
+            if (st == XCCL_OK) {
+                if (t->reqs.n != 0) {
+                    st = sim_fail(&sim, "rank %d: %s returned XCCL_OK with %zu requests "
+                                        "not tested",
+                                  r, algo->name, t->reqs.n);
+                    goto out;
+                }
+                t->finished = 1;
+                left--;
+                sim.events++;
+            } else if (st != XCCL_INPROGRESS) {
+                st = sim_fail(&sim, "rank %d: progress returned %d", r, (int)st);
+                goto out;
+            }
+        }
+        deliver(&sim, random);
+        if (sim.events == before && left > 0) {
+            describe_deadlock(&sim, pass);
+            st = XCCL_ERR_INTERNAL;
+            goto out;
+        }
+    }
+    res->passes = pass;
+    st          = XCCL_OK;
+
+out:
+    if (sim.tasks != NULL) {
+        for (int r = 0; r < size; r++) {
+            for (size_t i = 0; i < sim.tasks[r].reqs.n; i++) free(sim.tasks[r].reqs.v[i]);
+            free(sim.tasks[r].reqs.v);
+            free(sim.tasks[r].scratch);
+        }
+    }
+    for (int i = 0; sim.sends && sim.recvs && i < size * size; i++) {
+        free(sim.sends[i].v);
+        free(sim.recvs[i].v);
+    }
+    free(sim.matched.v);
+    free(sim.sends);
+    free(sim.recvs);
+    free(sim.tasks);
+    return st;
+}
+
+void sim_result_free(sim_result_t *res)
+{
+    free(res->msgs);
+    free(res->reduce_bytes);
+    free(res->reduce_calls);
+    res->msgs         = NULL;
+    res->reduce_bytes = NULL;
+    res->reduce_calls = NULL;
+    res->nmsgs        = 0;
+}
+
+size_t sim_sent_msgs(const sim_result_t *res, int rank)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < res->nmsgs; i++) n += rank < 0 || res->msgs[i].src == rank;
+    return n;
+}
+
+size_t sim_sent_bytes(const sim_result_t *res, int rank)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < res->nmsgs; i++)
+        if (rank < 0 || res->msgs[i].src == rank) n += res->msgs[i].nbytes;
+    return n;
+}
+
+static int cmp_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+size_t sim_distinct_steps(const sim_result_t *res, int rank)
+{
+    uint32_t *s = malloc((res->nmsgs + 1) * sizeof(*s));
+    size_t    n = 0, d = 0;
+
+    if (s == NULL) return 0;
+    for (size_t i = 0; i < res->nmsgs; i++)
+        if (rank < 0 || res->msgs[i].src == rank) s[n++] = res->msgs[i].step;
+    qsort(s, n, sizeof(*s), cmp_u32);
+    for (size_t i = 0; i < n; i++) d += i == 0 || s[i] != s[i - 1];
+    free(s);
+    return d;
+}
