@@ -1,0 +1,793 @@
+"""Point-to-point operations and collectives with torch.distributed's signatures.
+
+Tensors are any DLPack producers on the CPU (torch tensors, numpy arrays, ...). Every
+operation returns a :class:`Work` with ``async_op=True`` (``isend``/``irecv`` always) and
+None otherwise. Single-tensor arguments must be contiguous; tensors given in lists may have
+any layout (they are gathered into, or scattered from, one temporary buffer). Every
+collective also takes the keyword ``algo=`` (an xccl extension) to force an algorithm.
+
+Ranks: ``src``/``dst``/``peer`` are global ranks, ``group_src``/``group_dst``/``group_peer``
+ranks within ``group``; give one of the two.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any, Optional, Union
+
+from . import _C, _env
+from . import _tensor as T
+from ._group import (
+    GroupLike,
+    ProcessGroup,
+    canonical_rank,
+    ctl_comm,
+    get_global_rank,
+    resolve,
+    warn_not_in_group,
+)
+from ._types import ReduceOp, XcclError, XcclTimeoutError, resolve_op
+from ._work import Work
+
+_AVG = _C.OPS["avg"]
+
+
+def _member(group: GroupLike, op: str) -> Optional[ProcessGroup]:
+    pg = resolve(group)
+    if pg is None:
+        warn_not_in_group(op)
+    return pg
+
+
+def _done(
+    cwork: _C.Work,
+    outputs: list[Any],
+    async_op: bool,
+    finish: Optional[Callable[[], None]] = None,
+) -> Optional[Work]:
+    """Returns a Work for async_op; otherwise waits (and copies out) and returns None."""
+    if async_op:
+        return Work(cwork, outputs, finish)
+    cwork.wait()
+    if finish is not None:
+        finish()
+    return None
+
+
+def _reduce_op(op: Any, tensor: Any, what: str) -> tuple[int, float]:
+    c_op, factor = resolve_op(op)
+    if c_op == _AVG and T.is_integer(tensor):
+        raise TypeError(
+            f"{what}: ReduceOp.AVG needs a floating-point or complex tensor, got "
+            f"{T.dtype_name(tensor)} (as in torch.distributed); use SUM and divide"
+        )
+    return c_op, factor
+
+
+def _check_numel(t: Any, want: int, what: str, why: str) -> None:
+    n = T.numel(t)
+    if n != want:
+        raise ValueError(f"{what} has {n} elements, expected {want} ({why})")
+
+
+def _check_count(ts: list[Any], n: int, what: str) -> None:
+    if len(ts) != n:
+        raise ValueError(f"{what} has {len(ts)} tensors, expected one per rank of the group ({n})")
+
+
+def _copy_out(outputs: list[Any], buf: Any, counts: list[int]) -> Callable[[], None]:
+    def finish() -> None:
+        offset = 0
+        for out, n in zip(outputs, counts, strict=True):
+            T.copy_into(out, buf[offset : offset + n])
+            offset += n
+
+    return finish
+
+
+def _natives_out(ts: list[Any], what: str) -> list[Any]:
+    outs = []
+    for i, t in enumerate(ts):
+        t = T.native(t, f"{what}[{i}]")
+        T.check_writable(t, f"{what}[{i}]")
+        outs.append(t)
+    return outs
+
+
+# ---------------------------------------------------------------------------------------------
+# Point to point
+# ---------------------------------------------------------------------------------------------
+
+
+def isend(
+    tensor: Any,
+    dst: Optional[int] = None,
+    group: GroupLike = None,
+    tag: int = 0,
+    group_dst: Optional[int] = None,
+) -> Optional[Work]:
+    """Sends `tensor` to `dst` without blocking; returns a Work (None for non-members).
+    Messages between two ranks with the same tag arrive in posting order."""
+    T.check_tensor(tensor, "tensor")
+    pg = _member(group, "isend")
+    if pg is None:
+        return None
+    peer = canonical_rank(pg, dst, group_dst, "dst")
+    return Work(pg.comm.isend(T.prep(tensor), peer, tag), [tensor])
+
+
+def irecv(
+    tensor: Any,
+    src: Optional[int] = None,
+    group: GroupLike = None,
+    tag: int = 0,
+    group_src: Optional[int] = None,
+) -> Optional[Work]:
+    """Receives into `tensor` from `src` (None: from any rank) without blocking; returns a
+    Work whose ``source_rank()`` names the sender (None for non-members)."""
+    T.check_tensor(tensor, "tensor")
+    T.check_writable(tensor, "tensor")
+    pg = _member(group, "irecv")
+    if pg is None:
+        return None
+    if src is None and group_src is None:
+        peer = _C.ANY_SOURCE
+    else:
+        peer = canonical_rank(pg, src, group_src, "src")
+    return Work(pg.comm.irecv(T.prep(tensor), peer, tag), [tensor])
+
+
+def send(
+    tensor: Any,
+    dst: Optional[int] = None,
+    group: GroupLike = None,
+    tag: int = 0,
+    group_dst: Optional[int] = None,
+) -> None:
+    """Sends `tensor` to `dst` and waits until the send completed."""
+    T.check_tensor(tensor, "tensor")
+    pg = _member(group, "send")
+    if pg is None:
+        return
+    peer = canonical_rank(pg, dst, group_dst, "dst")
+    if peer == pg.rank():
+        raise ValueError(
+            "Invalid destination rank: destination rank should not be the same as the rank "
+            "of the current process."
+        )
+    pg.comm.isend(T.prep(tensor), peer, tag).wait()
+
+
+def recv(
+    tensor: Any,
+    src: Optional[int] = None,
+    group: GroupLike = None,
+    tag: int = 0,
+    group_src: Optional[int] = None,
+) -> int:
+    """Receives into `tensor` from `src` (None: from any rank) and waits; returns the
+    sender's global rank (-1 for non-members)."""
+    T.check_tensor(tensor, "tensor")
+    T.check_writable(tensor, "tensor")
+    pg = _member(group, "recv")
+    if pg is None:
+        return -1
+    if src is None and group_src is None:
+        peer = _C.ANY_SOURCE
+    else:
+        peer = canonical_rank(pg, src, group_src, "src")
+        if peer == pg.rank():
+            raise ValueError(
+                "Invalid source rank: source rank should not be the same as the rank of the "
+                "current process."
+            )
+    work = pg.comm.irecv(T.prep(tensor), peer, tag)
+    work.wait()
+    if peer == _C.ANY_SOURCE:
+        peer = work.source_rank()
+    return get_global_rank(pg, peer)
+
+
+class P2POp:
+    """One operation of :func:`batch_isend_irecv`: `op` is ``isend`` or ``irecv``, `peer` a
+    global rank (or `group_peer` a rank of `group`; for irecv both may be omitted: any
+    source)."""
+
+    def __init__(
+        self,
+        op: Callable[..., Any],
+        tensor: Any,
+        peer: Optional[int] = None,
+        group: GroupLike = None,
+        tag: int = 0,
+        group_peer: Optional[int] = None,
+    ) -> None:
+        kind = getattr(op, "__name__", None)
+        if kind not in ("isend", "irecv"):
+            raise ValueError(
+                "Invalid ``op``. Expected ``op`` to be of type ``xccl.isend`` or ``xccl.irecv``."
+            )
+        T.check_tensor(tensor, "tensor")
+        self.op = op
+        self.tensor = tensor
+        self.tag = tag
+        self.group = group
+        pg = resolve(group)
+        self._pg = pg
+        if pg is None or (kind == "irecv" and peer is None and group_peer is None):
+            self.group_peer: Optional[int] = None
+            self.peer: Optional[int] = None
+        else:
+            self.group_peer = canonical_rank(pg, peer, group_peer, "peer")
+            self.peer = get_global_rank(pg, self.group_peer)
+
+    def __repr__(self) -> str:
+        return (
+            f"P2POp({self.op.__name__}, peer={self.peer}, tag={self.tag}, "
+            f"shape={tuple(getattr(self.tensor, 'shape', ()))})"
+        )
+
+
+def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list[Work]:
+    """Posts every send and receive of the list at once (none blocks, so the order inside
+    the list cannot deadlock) and returns their Works in the same order."""
+    if not isinstance(p2p_op_list, list) or not all(isinstance(p, P2POp) for p in p2p_op_list):
+        raise ValueError(
+            "Invalid ``p2p_op_list``. Each op is expected to be of type ``xccl.P2POp``."
+        )
+    if not p2p_op_list:
+        return []
+    first = p2p_op_list[0]._pg
+    if not all(p._pg is first for p in p2p_op_list):
+        raise ValueError("All ops need to use the same group.")
+    if first is None:
+        warn_not_in_group("batch_isend_irecv")
+        return []
+    works = []
+    for p in p2p_op_list:
+        if p.op.__name__ == "isend":
+            cwork = first.comm.isend(T.prep(p.tensor), p.group_peer, p.tag)
+        else:
+            T.check_writable(p.tensor, "tensor")
+            peer = _C.ANY_SOURCE if p.group_peer is None else p.group_peer
+            cwork = first.comm.irecv(T.prep(p.tensor), peer, p.tag)
+        works.append(Work(cwork, [p.tensor]))
+    return works
+
+
+# ---------------------------------------------------------------------------------------------
+# Collectives on one buffer
+# ---------------------------------------------------------------------------------------------
+
+
+def broadcast(
+    tensor: Any,
+    src: Optional[int] = None,
+    group: GroupLike = None,
+    async_op: bool = False,
+    group_src: Optional[int] = None,
+    *,
+    algo: Optional[str] = None,
+) -> Optional[Work]:
+    """Copies `tensor` of rank `src` into `tensor` of every rank."""
+    T.check_tensor(tensor, "tensor")
+    pg = _member(group, "broadcast")
+    if pg is None:
+        return None
+    root = canonical_rank(pg, src, group_src, "src")
+    cwork = pg.comm.broadcast(T.prep(tensor), root, algo, pg._timeout_arg)
+    return _done(cwork, [tensor], async_op)
+
+
+def all_reduce(
+    tensor: Any,
+    op: Any = ReduceOp.SUM,
+    group: GroupLike = None,
+    async_op: bool = False,
+    *,
+    algo: Optional[str] = None,
+) -> Optional[Work]:
+    """Reduces `tensor` across the group with `op`; every rank gets the result in place."""
+    T.check_tensor(tensor, "tensor")
+    pg = _member(group, "all_reduce")
+    if pg is None:
+        return None
+    c_op, factor = _reduce_op(op, tensor, "all_reduce")
+    t = T.prep(tensor)
+    cwork = pg.comm.allreduce(t, t, c_op, factor, algo, pg._timeout_arg)
+    return _done(cwork, [tensor], async_op)
+
+
+def reduce(
+    tensor: Any,
+    dst: Optional[int] = None,
+    op: Any = ReduceOp.SUM,
+    group: GroupLike = None,
+    async_op: bool = False,
+    group_dst: Optional[int] = None,
+    *,
+    algo: Optional[str] = None,
+) -> Optional[Work]:
+    """Reduces `tensor` across the group with `op` into `tensor` of rank `dst` (the other
+    ranks' tensors are left unchanged)."""
+    T.check_tensor(tensor, "tensor")
+    pg = _member(group, "reduce")
+    if pg is None:
+        return None
+    root = canonical_rank(pg, dst, group_dst, "dst")
+    c_op, factor = _reduce_op(op, tensor, "reduce")
+    t = T.prep(tensor)
+    rbuf = t if pg.rank() == root else None
+    cwork = pg.comm.reduce(t, rbuf, c_op, root, factor, algo, pg._timeout_arg)
+    return _done(cwork, [tensor], async_op)
+
+
+def all_gather_into_tensor(
+    output_tensor: Any,
+    input_tensor: Any,
+    group: GroupLike = None,
+    async_op: bool = False,
+    *,
+    algo: Optional[str] = None,
+) -> Optional[Work]:
+    """Concatenates every rank's `input_tensor` in rank order into `output_tensor`, whose
+    shape is either ``[size * d0, ...]`` or ``[size, d0, ...]``."""
+    T.check_tensor(output_tensor, "output_tensor")
+    T.check_tensor(input_tensor, "input_tensor")
+    pg = _member(group, "all_gather_into_tensor")
+    if pg is None:
+        return None
+    _check_numel(
+        output_tensor,
+        pg.size() * T.numel(input_tensor),
+        "all_gather_into_tensor: output_tensor",
+        "group size x input elements",
+    )
+    cwork = pg.comm.allgather(T.prep(input_tensor), T.prep(output_tensor), algo, pg._timeout_arg)
+    return _done(cwork, [output_tensor], async_op)
+
+
+def _all_gather_base(
+    output_tensor: Any, input_tensor: Any, group: GroupLike = None, async_op: bool = False
+) -> Optional[Work]:
+    """Old name of :func:`all_gather_into_tensor`."""
+    return all_gather_into_tensor(output_tensor, input_tensor, group, async_op)
+
+
+def reduce_scatter_tensor(
+    output: Any,
+    input: Any,  # noqa: A002 - torch's name
+    op: Any = ReduceOp.SUM,
+    group: GroupLike = None,
+    async_op: bool = False,
+    *,
+    algo: Optional[str] = None,
+) -> Optional[Work]:
+    """Reduces `input` (``size`` blocks of ``output.numel()`` elements) across the group;
+    rank r receives the reduction of block r in `output`."""
+    T.check_tensor(output, "output")
+    T.check_tensor(input, "input")
+    pg = _member(group, "reduce_scatter_tensor")
+    if pg is None:
+        return None
+    _check_numel(
+        input,
+        pg.size() * T.numel(output),
+        "reduce_scatter_tensor: input",
+        "group size x output elements",
+    )
+    c_op, factor = _reduce_op(op, input, "reduce_scatter_tensor")
+    cwork = pg.comm.reduce_scatter(
+        T.prep(input), T.prep(output), c_op, factor, algo, pg._timeout_arg
+    )
+    return _done(cwork, [output], async_op)
+
+
+def _reduce_scatter_base(
+    output: Any,
+    input: Any,  # noqa: A002
+    op: Any = ReduceOp.SUM,
+    group: GroupLike = None,
+    async_op: bool = False,
+) -> Optional[Work]:
+    """Old name of :func:`reduce_scatter_tensor`."""
+    return reduce_scatter_tensor(output, input, op, group, async_op)
+
+
+def _split_counts(
+    splits: Optional[list[int]], t: Any, n: int, what: str
+) -> tuple[list[int], list[int]]:
+    """Element counts and displacements of dim-0 splits of `t` (even split when None)."""
+    dims = T.shape(t)
+    if not dims:
+        raise ValueError(f"all_to_all_single: {what} must have at least one dimension")
+    rows = dims[0]
+    row = math.prod(dims[1:])
+    if splits is None:
+        if rows % n:
+            raise ValueError(
+                f"all_to_all_single: {what} has {rows} rows, which the group size {n} does "
+                "not divide (pass split sizes)"
+            )
+        splits = [rows // n] * n
+    else:
+        splits = [int(s) for s in splits]
+        if len(splits) != n:
+            raise ValueError(
+                f"all_to_all_single: {len(splits)} {what} split sizes for a group of {n}"
+            )
+        if any(s < 0 for s in splits) or sum(splits) != rows:
+            raise ValueError(
+                f"all_to_all_single: {what} split sizes {splits} do not add up to its {rows} rows"
+            )
+    counts = [s * row for s in splits]
+    displs = [0, *itertools.accumulate(counts)][:-1]
+    return counts, displs
+
+
+def all_to_all_single(
+    output: Any,
+    input: Any,  # noqa: A002 - torch's name
+    output_split_sizes: Optional[list[int]] = None,
+    input_split_sizes: Optional[list[int]] = None,
+    group: GroupLike = None,
+    async_op: bool = False,
+    *,
+    algo: Optional[str] = None,
+) -> Optional[Work]:
+    """Splits `input` along dim 0 (evenly, or by `input_split_sizes` rows), sends piece j to
+    rank j and concatenates the pieces received, in rank order, into `output` (whose pieces
+    are `output_split_sizes` rows, or even). None or an empty list means an even split."""
+    T.check_tensor(output, "output")
+    T.check_tensor(input, "input")
+    pg = _member(group, "all_to_all_single")
+    if pg is None:
+        return None
+    n = pg.size()
+    # As in torch, an empty list of split sizes means an even split.
+    output_split_sizes = output_split_sizes or None
+    input_split_sizes = input_split_sizes or None
+    if output_split_sizes is None and input_split_sizes is None:
+        _check_numel(output, T.numel(input), "all_to_all_single: output", "same as input")
+        _split_counts(None, input, n, "input")
+        cwork = pg.comm.alltoall(T.prep(input), T.prep(output), algo, pg._timeout_arg)
+    else:
+        scounts, sdispls = _split_counts(input_split_sizes, input, n, "input")
+        rcounts, rdispls = _split_counts(output_split_sizes, output, n, "output")
+        cwork = pg.comm.alltoallv(
+            T.prep(input),
+            scounts,
+            sdispls,
+            T.prep(output),
+            rcounts,
+            rdispls,
+            algo,
+            pg._timeout_arg,
+        )
+    return _done(cwork, [output], async_op)
+
+
+def barrier(
+    group: GroupLike = None,
+    async_op: bool = False,
+    device_ids: Optional[list[int]] = None,
+    timeout: Union[None, timedelta, float] = None,
+    *,
+    algo: Optional[str] = None,
+) -> Optional[Work]:
+    """Returns (or completes the Work) once every rank of the group has entered it."""
+    pg = _member(group, "barrier")
+    if pg is None:
+        return None
+    seconds = pg._timeout_arg if timeout is None else _env.timeout_seconds(timeout, 0.0)
+    cwork = pg.comm.barrier(algo=algo, timeout=seconds)
+    return _done(cwork, [], async_op)
+
+
+# ---------------------------------------------------------------------------------------------
+# Collectives on lists of tensors (through one temporary buffer)
+# ---------------------------------------------------------------------------------------------
+
+
+def all_gather(
+    tensor_list: list[Any],
+    tensor: Any,
+    group: GroupLike = None,
+    async_op: bool = False,
+    *,
+    algo: Optional[str] = None,
+) -> Optional[Work]:
+    """Gathers every rank's `tensor` into `tensor_list` (one tensor per rank, rank order)."""
+    outs = T.check_tensor_list(tensor_list, "tensor_list")
+    T.check_tensor(tensor, "tensor")
+    pg = _member(group, "all_gather")
+    if pg is None:
+        return None
+    n = pg.size()
+    _check_count(outs, n, "all_gather: tensor_list")
+    src = T.native(tensor, "tensor")
+    count = T.numel(src)
+    outs = _natives_out(outs, "tensor_list")
+    for i, o in enumerate(outs):
+        _check_numel(o, count, f"all_gather: tensor_list[{i}]", "same as the input tensor")
+    T.check_same_dtype([src, *outs])
+    buf = T.empty_flat(src, n * count)
+    cwork = pg.comm.allgather(src, buf, algo, pg._timeout_arg)
+    return _done(cwork, tensor_list, async_op, _copy_out(outs, buf, [count] * n))
+
+
+def gather(
+    tensor: Any,
+    gather_list: Optional[list[Any]] = None,
+    dst: Optional[int] = None,
+    group: GroupLike = None,
+    async_op: bool = False,
+    group_dst: Optional[int] = None,
+    *,
+    algo: Optional[str] = None,
+) -> Optional[Work]:
+    """Gathers every rank's `tensor` into `gather_list` of rank `dst` (default rank 0);
+    the other ranks pass no gather_list."""
+    T.check_tensor(tensor, "tensor")
+    pg = _member(group, "gather")
+    if pg is None:
+        return None
+    if dst is None and group_dst is None:
+        group_dst = 0
+    root = canonical_rank(pg, dst, group_dst, "dst")
+    if pg.rank() != root:
+        if gather_list:
+            raise ValueError(
+                "Argument ``gather_list`` must NOT be specified on non-destination ranks."
+            )
+        cwork = pg.comm.gather(T.prep(tensor), None, root, algo, pg._timeout_arg)
+        return _done(cwork, [], async_op)
+    if not gather_list:
+        raise ValueError("Argument ``gather_list`` must be specified on destination rank.")
+    outs = T.check_tensor_list(gather_list, "gather_list")
+    n = pg.size()
+    _check_count(outs, n, "gather: gather_list")
+    src = T.native(tensor, "tensor")
+    count = T.numel(src)
+    outs = _natives_out(outs, "gather_list")
+    for i, o in enumerate(outs):
+        _check_numel(o, count, f"gather: gather_list[{i}]", "same as the input tensor")
+    T.check_same_dtype([src, *outs])
+    buf = T.empty_flat(src, n * count)
+    cwork = pg.comm.gather(src, buf, root, algo, pg._timeout_arg)
+    return _done(cwork, gather_list, async_op, _copy_out(outs, buf, [count] * n))
+
+
+def scatter(
+    tensor: Any,
+    scatter_list: Optional[list[Any]] = None,
+    src: Optional[int] = None,
+    group: GroupLike = None,
+    async_op: bool = False,
+    group_src: Optional[int] = None,
+    *,
+    algo: Optional[str] = None,
+) -> Optional[Work]:
+    """Sends ``scatter_list[r]`` of rank `src` (default rank 0) into `tensor` of rank r;
+    the other ranks pass no scatter_list."""
+    T.check_tensor(tensor, "tensor")
+    T.check_writable(tensor, "tensor")
+    pg = _member(group, "scatter")
+    if pg is None:
+        return None
+    if src is None and group_src is None:
+        group_src = 0
+    root = canonical_rank(pg, src, group_src, "src")
+    if pg.rank() != root:
+        if scatter_list:
+            raise ValueError("Argument ``scatter_list`` must NOT be specified on non-source ranks.")
+        cwork = pg.comm.scatter(None, T.prep(tensor), root, algo, pg._timeout_arg)
+        return _done(cwork, [tensor], async_op)
+    if not scatter_list:
+        raise ValueError("Argument ``scatter_list`` must be specified on source rank.")
+    ins = T.check_tensor_list(scatter_list, "scatter_list")
+    n = pg.size()
+    _check_count(ins, n, "scatter: scatter_list")
+    out = T.native(tensor, "tensor")
+    count = T.numel(out)
+    ins = [T.native(t, f"scatter_list[{i}]") for i, t in enumerate(ins)]
+    for i, t in enumerate(ins):
+        _check_numel(t, count, f"scatter: scatter_list[{i}]", "same as the output tensor")
+    T.check_same_dtype([out, *ins])
+    buf, _ = T.pack(ins, out)
+    cwork = pg.comm.scatter(buf, T.prep(tensor), root, algo, pg._timeout_arg)
+    return _done(cwork, [tensor], async_op)
+
+
+def reduce_scatter(
+    output: Any,
+    input_list: list[Any],
+    op: Any = ReduceOp.SUM,
+    group: GroupLike = None,
+    async_op: bool = False,
+    *,
+    algo: Optional[str] = None,
+) -> Optional[Work]:
+    """Reduces ``input_list[r]`` across the group into `output` of rank r."""
+    T.check_tensor(output, "output")
+    ins = T.check_tensor_list(input_list, "input_list")
+    pg = _member(group, "reduce_scatter")
+    if pg is None:
+        return None
+    n = pg.size()
+    _check_count(ins, n, "reduce_scatter: input_list")
+    out = T.native(output, "output")
+    count = T.numel(out)
+    ins = [T.native(t, f"input_list[{i}]") for i, t in enumerate(ins)]
+    for i, t in enumerate(ins):
+        _check_numel(t, count, f"reduce_scatter: input_list[{i}]", "same as the output")
+    T.check_same_dtype([out, *ins])
+    c_op, factor = _reduce_op(op, out, "reduce_scatter")
+    buf, _ = T.pack(ins, out)
+    cwork = pg.comm.reduce_scatter(buf, T.prep(output), c_op, factor, algo, pg._timeout_arg)
+    return _done(cwork, [output], async_op)
+
+
+def all_to_all(
+    output_tensor_list: list[Any],
+    input_tensor_list: list[Any],
+    group: GroupLike = None,
+    async_op: bool = False,
+    *,
+    algo: Optional[str] = None,
+) -> Optional[Work]:
+    """Sends ``input_tensor_list[j]`` to rank j and receives rank i's piece into
+    ``output_tensor_list[i]``; pieces may have different sizes."""
+    outs = T.check_tensor_list(output_tensor_list, "output_tensor_list")
+    ins = T.check_tensor_list(input_tensor_list, "input_tensor_list")
+    pg = _member(group, "all_to_all")
+    if pg is None:
+        return None
+    n = pg.size()
+    _check_count(outs, n, "all_to_all: output_tensor_list")
+    _check_count(ins, n, "all_to_all: input_tensor_list")
+    outs = _natives_out(outs, "output_tensor_list")
+    ins = [T.native(t, f"input_tensor_list[{i}]") for i, t in enumerate(ins)]
+    T.check_same_dtype([*outs, *ins])
+    sbuf, scounts = T.pack(ins, outs[0])
+    rcounts = [T.numel(o) for o in outs]
+    rbuf = T.empty_flat(outs[0], sum(rcounts))
+    sdispls = [0, *itertools.accumulate(scounts)][:-1]
+    rdispls = [0, *itertools.accumulate(rcounts)][:-1]
+    cwork = pg.comm.alltoallv(sbuf, scounts, sdispls, rbuf, rcounts, rdispls, algo, pg._timeout_arg)
+    return _done(cwork, output_tensor_list, async_op, _copy_out(outs, rbuf, rcounts))
+
+
+# ---------------------------------------------------------------------------------------------
+# monitored_barrier
+# ---------------------------------------------------------------------------------------------
+
+_MB_OK = 0
+_MB_FAILED = 1
+
+
+def monitored_barrier(
+    group: GroupLike = None,
+    timeout: Union[None, timedelta, float] = None,
+    wait_all_ranks: bool = False,
+) -> None:
+    """A barrier that names the ranks that did not arrive.
+
+    Every rank reports to rank 0, which waits for each up to `timeout` (default: the
+    group's) and then releases everyone. If some rank does not arrive in time, rank 0 raises
+    naming it (with `wait_all_ranks`, every late rank) and tells the ranks that did arrive,
+    which raise too; the other ranks give up after twice `timeout` without an answer."""
+    pg = _member(group, "monitored_barrier")
+    if pg is None:
+        return
+    seconds = _env.timeout_seconds(timeout, pg._timeout)
+    n, me = pg.size(), pg.rank()
+    if n == 1:
+        return
+    import numpy as np
+
+    ctl, seq = ctl_comm(pg)
+    tag = seq % (1 << 31)
+    deadline = time.monotonic() + seconds
+    ms = int(seconds * 1000)
+
+    def left() -> float:
+        return max(deadline - time.monotonic(), 1e-3)
+
+    if me != 0:
+        # Rank 0 answers at most `timeout` after it arrives, so wait twice that (plus a
+        # margin) for its verdict before declaring rank 0 itself late.
+        deadline += seconds + 1.0
+        reply = np.zeros(n + 1, np.int64)
+        rwork = ctl.irecv(reply, 0, tag)
+        swork = ctl.isend(np.array([seq], np.int64), 0, tag)
+        try:
+            swork.wait(left())
+            rwork.wait(left())
+        except XcclTimeoutError:
+            raise _error(
+                XcclTimeoutError,
+                f"Rank {me} timed out in monitoredBarrier: no answer from rank 0 within "
+                f"{2 * ms + 1000} ms",
+            ) from None
+        if reply[0] != _MB_OK:
+            late = ", ".join(str(r) for r in reply[2 : 2 + int(reply[1])])
+            raise _error(
+                XcclError,
+                f"Rank {me}: rank 0 reported that rank(s) {late} failed to pass "
+                f"monitoredBarrier in {ms} ms",
+            )
+        return
+
+    arrivals = {r: np.zeros(1, np.int64) for r in range(1, n)}
+    works = {r: ctl.irecv(arrivals[r], r, tag) for r in range(1, n)}
+    late: list[int] = []
+    arrived: list[int] = []
+    errors: list[str] = []
+    for r in range(1, n):
+        if late and not wait_all_ranks:
+            if works[r].is_completed() and works[r].is_success():
+                arrived.append(r)
+            continue
+        try:
+            works[r].wait(left())
+            arrived.append(r)
+        except XcclTimeoutError:
+            late.append(r)
+        except XcclError as exc:
+            late.append(r)
+            errors.append(f"rank {r}: {exc}")
+    reply = np.zeros(n + 1, np.int64)
+    if late:
+        reply[0] = _MB_FAILED
+        reply[1] = len(late)
+        reply[2 : 2 + len(late)] = late
+    sends = [ctl.isend(reply, r, tag) for r in arrived]
+    for w in sends:
+        try:
+            w.wait(left())
+        except XcclError:
+            pass
+    if late:
+        if len(late) == 1:
+            msg = f"Rank {late[0]} failed to pass monitoredBarrier in {ms} ms"
+        else:
+            msg = f"Ranks {', '.join(map(str, late))} failed to pass monitoredBarrier in {ms} ms"
+        if errors:
+            msg += " (" + "; ".join(errors) + ")"
+        raise _error(XcclTimeoutError, msg)
+
+
+def _error(cls: type[BaseException], msg: str) -> BaseException:
+    """An instance of one of the extension's exception classes carrying `msg`."""
+    try:
+        return cls(msg)
+    except Exception:
+        return RuntimeError(msg)
+
+
+__all__ = [
+    "P2POp",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_reduce",
+    "all_to_all",
+    "all_to_all_single",
+    "barrier",
+    "batch_isend_irecv",
+    "broadcast",
+    "gather",
+    "irecv",
+    "isend",
+    "monitored_barrier",
+    "recv",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "scatter",
+    "send",
+]
