@@ -234,6 +234,11 @@ static PyMethodDef mod_methods[] = {
      "buffer_info(obj) -> (dtype, count, device, read_only) of a DLPack object.\n\n"
      "Validates like the operations do (dtype, contiguity) but reports the device instead of "
      "rejecting it."},
+    {"explain", (PyCFunction)(void (*)(void))xccl_py_explain, METH_VARARGS | METH_KEYWORDS,
+     "explain(coll, nbytes, size, model=None) -> list of dicts, one per algorithm of `coll`: "
+     "name, summary, steps, bytes, reduce_bytes, predicted_s, applicable, chosen."},
+    {"default_model", xccl_py_default_model, METH_NOARGS,
+     "default_model() -> (alpha s, beta s/byte, gamma s/byte) of the built-in cost model."},
     {"_atexit", mod_atexit, METH_NOARGS, "Internal: marks the interpreter as shutting down."},
     {NULL, NULL, 0, NULL},
 };

@@ -892,6 +892,14 @@ static PyMethodDef comm_methods[] = {
      "alltoallv(sendbuf, scounts, sdispls, recvbuf, rcounts, rdispls, algo=None, timeout=None) "
      "-> Work (counts and displacements in elements)"},
     {"barrier", KW(comm_barrier), "barrier(algo=None, timeout=None) -> Work"},
+    {"trace", xccl_py_comm_trace, METH_O,
+     "trace(capacity): record up to `capacity` step events (oldest dropped); 0 stops."},
+    {"trace_drain", xccl_py_comm_trace_drain, METH_NOARGS,
+     "trace_drain() -> list of dicts: the recorded events, oldest first (removed)."},
+    {"trace_dropped", xccl_py_comm_trace_dropped, METH_NOARGS,
+     "trace_dropped() -> events lost to a full buffer since tracing started."},
+    {"flight_dump", xccl_py_comm_flight_dump, METH_NOARGS,
+     "flight_dump() -> str: the flight recorder's table of recent and pending operations."},
     {NULL, NULL, 0, NULL},
 };
 

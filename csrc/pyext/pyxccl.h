@@ -153,4 +153,15 @@ extern PyType_Spec xccl_py_work_spec;
 /* A fresh, empty Work (GIL held). The caller acquires buffers into it, then posts. */
 xccl_py_work_t *xccl_py_work_new(xccl_py_state_t *state);
 
+/* ---------------------------------------------------------------------------------------------
+ * Introspection (py_introspect.c): entries of the module and Comm method tables
+ * ------------------------------------------------------------------------------------------- */
+
+PyObject *xccl_py_explain(PyObject *module, PyObject *args, PyObject *kwds);
+PyObject *xccl_py_default_model(PyObject *module, PyObject *unused);
+PyObject *xccl_py_comm_trace(PyObject *self, PyObject *capacity);
+PyObject *xccl_py_comm_trace_drain(PyObject *self, PyObject *unused);
+PyObject *xccl_py_comm_trace_dropped(PyObject *self, PyObject *unused);
+PyObject *xccl_py_comm_flight_dump(PyObject *self, PyObject *unused);
+
 #endif /* XCCL_PYEXT_PYXCCL_H */

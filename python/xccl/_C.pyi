@@ -40,6 +40,19 @@ def buffer_info(obj: Any) -> tuple[str, int, str, bool]:
     (ValueError), but reports the device ("cpu", "cuda:0", "cuda_host:0") instead of
     rejecting it. read_only is only known from versioned capsules (False for legacy ones)."""
 
+def explain(coll: str, nbytes: int, size: int,
+            model: Optional[tuple[float, float, float]] = None) -> list[dict[str, Any]]:
+    """Every algorithm of collective `coll` ("all_reduce", "broadcast", "reduce", "all_gather",
+    "gather", "scatter", "reduce_scatter", "all_to_all", "all_to_all_v", "barrier") for
+    `size` ranks and a message of `nbytes` (nccl-tests size), in selection order. One dict per
+    algorithm: name, summary, steps (message rounds on the critical path), bytes (sent by one
+    rank on it), reduce_bytes (combined locally), predicted_s (alpha * steps + beta * bytes +
+    gamma * reduce_bytes), applicable (bool) and chosen (bool: what xccl would run, honouring
+    $XCCL_ALGO). `model` is (alpha s, beta s/byte, gamma s/byte); None: default_model().
+    ValueError for an unknown collective."""
+def default_model() -> tuple[float, float, float]:
+    """(alpha s, beta s/byte, gamma s/byte) of the built-in cost model."""
+
 _Seconds: TypeAlias = float | timedelta  # every `timeout` also accepts a datetime.timedelta
 
 class Store:
@@ -169,3 +182,22 @@ class Comm:
                   recvbuf: Any, rcounts: Sequence[int], rdispls: Sequence[int],
                   algo: Optional[str] = None, timeout: Optional[float] = None) -> Work: ...
     def barrier(self, algo: Optional[str] = None, timeout: Optional[float] = None) -> Work: ...
+
+    # Introspection. Cheap, non-blocking; XcclError once destroyed.
+    def trace(self, capacity: int) -> None:
+        """Starts recording every primitive step (send, receive, local reduction) of every
+        operation into a buffer of `capacity` events (the oldest are dropped when it is full);
+        0 stops and frees it. Restarting discards what was not drained."""
+    def trace_drain(self) -> list[dict[str, Any]]:
+        """Removes and returns the recorded events, oldest first. Each: seq (operation number
+        on the communicator), step (algorithm step; 0 for reductions), kind ("send", "recv",
+        "reduce"), src and dst (ranks of this communicator; both this rank for a reduction),
+        buf ("send", "recv", "scratch" or None: which buffer `offset` is in), offset and
+        nbytes, start_ns and end_ns (CLOCK_MONOTONIC ns, the clock of time.monotonic_ns()),
+        op ("all_reduce", "send", ...), algo and transport ("tcp", "shm", "local", ...)."""
+    def trace_dropped(self) -> int:
+        """Events lost to a full buffer since tracing started."""
+    def flight_dump(self) -> str:
+        """The flight recorder as a text table: the last operations of the communicator
+        (seq, operation, algo, state, age_ms) and, for pending ones, whom they wait for
+        ("send->2 recv<-1")."""
