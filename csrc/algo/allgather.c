@@ -49,6 +49,7 @@ static xccl_status_t xfer_blocks(xccl_task_t *t, int send, int peer, int b0, int
  *
  * cost: n-2 + C α, (n-1)/n N β.
  * ------------------------------------------------------------------------------------------- */
+/* Chunks per block for blocks of block_bytes (same on every rank: $XCCL_RING_CHUNK_BYTES). */
 static int ring_nchunks(size_t block_bytes, size_t elsize, int n)
 {
     int64_t chunk = xccl_env_int(XCCL_PAT_RING_CHUNK_ENV, XCCL_PAT_RING_CHUNK_DEFAULT);
@@ -264,7 +265,7 @@ const xccl_algo_t xccl_algo_allgather_bruck = {
  *   stage   sends                      receives
  *   0       block r (N/n) to each j    block j from each j
  *
- * cost (one-port model): (n-1) α, (n-1)/n N β.
+ * cost: 1 + (n-2)/8 α (xccl_pat_direct_steps), (n-1)/n N β.
  * ------------------------------------------------------------------------------------------- */
 static xccl_status_t direct_progress(xccl_task_t *t)
 {
@@ -286,7 +287,7 @@ static xccl_status_t direct_progress(xccl_task_t *t)
 
 static void direct_cost(int n, size_t nbytes, xccl_cost_t *out)
 {
-    out->steps        = n - 1;
+    out->steps        = xccl_pat_direct_steps(n);
     out->bytes        = (double)(n - 1) / n * (double)nbytes;
     out->reduce_bytes = 0;
 }

@@ -45,15 +45,9 @@ static void *scratch(xccl_task_t *t, size_t nbytes, const char *algo)
     return p;
 }
 
-static size_t ring_chunk_bytes(size_t elsize)
-{
-    int64_t v = xccl_env_int(XCCL_PAT_RING_CHUNK_ENV, XCCL_PAT_RING_CHUNK_DEFAULT);
-    return v < (int64_t)elsize ? elsize : (size_t)v;
-}
-
 /* ---------------------------------------------------------------------------------------------
- * ring: reduce-scatter then all-gather around the ring, 2(n-1) steps; block b = n-th of the
- * vector (xccl_pat_block), every block cut into C chunks of at most $XCCL_RING_CHUNK_BYTES.
+ * ring: reduce-scatter then all-gather around the ring, 2(n-1) steps. The vector is cut into
+ * n blocks (xccl_pat_block), every block into C chunks of at most $XCCL_RING_CHUNK_BYTES.
  *
  *   step s        send to r+1            receive from r-1       then
  *   0 .. n-2      block r-s-1            block r-s-2 -> stage   block r-s-2 op= stage
@@ -132,9 +126,13 @@ static xccl_status_t ring_reduce(const ring_ctx_t *x, int j, int urgent)
     return XCCL_OK;
 }
 
-static int ring_nchunks(size_t block_bytes, size_t chunk_bytes, int n)
+/* Chunks per block for blocks of block_bytes (same on every rank: $XCCL_RING_CHUNK_BYTES). */
+static int ring_nchunks(size_t block_bytes, size_t elsize, int n)
 {
-    return xccl_pat_ring_nchunks(block_bytes, chunk_bytes, 2 * (n - 1), XCCL_STEP_MAX + 1u);
+    int64_t chunk = xccl_env_int(XCCL_PAT_RING_CHUNK_ENV, XCCL_PAT_RING_CHUNK_DEFAULT);
+
+    if (chunk < (int64_t)elsize) chunk = (int64_t)elsize;
+    return xccl_pat_ring_nchunks(block_bytes, (size_t)chunk, 2 * (n - 1), XCCL_STEP_MAX + 1u);
 }
 
 static xccl_status_t ring_progress(xccl_task_t *t)
@@ -153,8 +151,7 @@ static xccl_status_t ring_progress(xccl_task_t *t)
     x.es    = a->elsize;
     if (x.size == 1 || x.count == 0) return XCCL_OK;
     if (w[1] == 0)
-        w[1] = (uint64_t)ring_nchunks(xccl_pat_block_max(x.count, x.size) * x.es,
-                                      ring_chunk_bytes(x.es), x.size);
+        w[1] = (uint64_t)ring_nchunks(xccl_pat_block_max(x.count, x.size) * x.es, x.es, x.size);
     x.pipe  = xccl_pat_pipe(2 * (x.size - 1), x.size - 1, (int)w[1]);
     x.slot  = xccl_pat_block_max(xccl_pat_block_max(x.count, x.size), x.pipe.nchunks);
     x.stage = scratch(t, (size_t)x.pipe.nchunks * x.slot * x.es, "ring");
@@ -182,9 +179,7 @@ static void ring_cost(int n, size_t nbytes, xccl_cost_t *out)
 
     memset(out, 0, sizeof(*out));
     if (n == 1) return;
-    p = xccl_pat_pipe(2 * (n - 1), n - 1,
-                      ring_nchunks(xccl_pat_block_max(nbytes, n),
-                                   ring_chunk_bytes(1), n));
+    p = xccl_pat_pipe(2 * (n - 1), n - 1, ring_nchunks(xccl_pat_block_max(nbytes, n), 1, n));
     out->steps        = xccl_pat_pipe_rounds(&p);
     out->bytes        = 2 * f * (double)nbytes;
     out->reduce_bytes = f * (double)nbytes;
@@ -394,7 +389,7 @@ const xccl_algo_t xccl_algo_allreduce_rabenseifner = {
  *   0       N to each of the n-1 peers N from each peer into scratch slot
  *   1       -                          -              buf = x0 op x1 op ... op x(n-1)
  *
- * cost (one-port model: the n-1 messages leave one after another): (n-1) α, (n-1) N β,
+ * cost: 1 + (n-2)/8 α (xccl_pat_direct_steps), (n-1) N β (they share the sender's link),
  * (n-1) N γ. Scratch: (n-1) N.
  * ------------------------------------------------------------------------------------------- */
 /* Where rank j's vector is: buf for this rank, else its slot of the scratch. */
@@ -441,7 +436,7 @@ static int direct_applicable(const xccl_coll_args_t *a, int size)
 
 static void direct_cost(int n, size_t nbytes, xccl_cost_t *out)
 {
-    out->steps        = n - 1;
+    out->steps        = xccl_pat_direct_steps(n);
     out->bytes        = (double)(n - 1) * (double)nbytes;
     out->reduce_bytes = (double)(n - 1) * (double)nbytes;
 }

@@ -69,6 +69,13 @@ static inline size_t xccl_pat_block_max(size_t count, int n)
     return count / (size_t)n + (count % (size_t)n != 0 ? 1 : 0);
 }
 
+/* Latency, in α units, charged to one round in which a rank exchanges messages with all n-1
+ * peers at once (the "direct" algorithms): the messages are in flight together, so the
+ * latency is paid once, plus α/8 of per-message work for each further peer. (Measured on
+ * loopback, such a round costs about one α for a handful of ranks; a one-port model's n-1
+ * would rule the direct algorithms out everywhere.) */
+static inline double xccl_pat_direct_steps(int n) { return n <= 1 ? 0 : 1 + (n - 2) / 8.0; }
+
 /* ---------------------------------------------------------------------------------------------
  * Ring: rank r sends to r+1 and receives from r-1. Over n-1 steps s = 0..n-2,
  *
@@ -113,7 +120,14 @@ static inline int xccl_pat_ring_ag_recv_block(int rank, int n, int s)
  *   rounds   = start(nsteps - 1) + nchunks
  *
  * The message of (s, c) carries step number s * nchunks + c (see xccl_pat_ring_nchunks for
- * the bound that keeps it below 2^20).
+ * the bound that keeps it below 2^20). An all-reduce on 3 ranks (4 steps, the first 2 of
+ * them reductions) with 3 chunks per block:
+ *
+ *   round    0   1   2   3   4   5   6   7
+ *   step 0   c0  c1  c2
+ *   step 1           c0  c1  c2
+ *   step 2                   c0  c1  c2
+ *   step 3                       c0  c1  c2
  * ------------------------------------------------------------------------------------------- */
 typedef struct xccl_pat_pipe {
     int nsteps;  /* ring steps                                    */

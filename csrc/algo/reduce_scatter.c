@@ -131,6 +131,7 @@ static xccl_status_t ring_reduce(const ring_ctx_t *x, int j, int urgent)
     return XCCL_OK;
 }
 
+/* Chunks per block for blocks of block_bytes (same on every rank: $XCCL_RING_CHUNK_BYTES). */
 static int ring_nchunks(size_t block_bytes, size_t elsize, int n)
 {
     int64_t chunk = xccl_env_int(XCCL_PAT_RING_CHUNK_ENV, XCCL_PAT_RING_CHUNK_DEFAULT);
@@ -315,9 +316,8 @@ static xccl_status_t rhd_progress(xccl_task_t *t)
         if (k == 1 && x.f.role == XCCL_PAT_PROXY)
             XCCL_CHECK(xccl_task_reduce(t, x.work, x.sbuf, x.work, (size_t)x.size * x.count));
         if (k >= 2 && k <= L + 1 && x.f.role != XCCL_PAT_EXTRA)
-            XCCL_CHECK(rhd_reduce(&x, p >> (k - 1), k == 2 && x.f.role != XCCL_PAT_PROXY
-                                                         ? x.sbuf
-                                                         : x.work));
+            XCCL_CHECK(rhd_reduce(&x, p >> (k - 1),
+                                  k == 2 && x.f.role != XCCL_PAT_PROXY ? x.sbuf : x.work));
         if (k == L + 2) return XCCL_OK;
 
         /* post stage k */
@@ -371,7 +371,7 @@ const xccl_algo_t xccl_algo_reduce_scatter_rhd = {
  *   0       block j (N/n) to each j != r   block r from each peer into scratch slot
  *   1       -                              -            rbuf = x0[r] op ... op x(n-1)[r]
  *
- * cost (one-port model): (n-1) α, (n-1)/n N β, (n-1)/n N γ. Scratch: (n-1)/n N.
+ * cost: 1 + (n-2)/8 α (xccl_pat_direct_steps), (n-1)/n N β, (n-1)/n N γ. Scratch: (n-1)/n N.
  * ------------------------------------------------------------------------------------------- */
 /* Block `rank` of rank j's input: in sbuf for this rank, else in scratch slot j (j-1 above
  * this rank). The own block is only ever read. */
@@ -424,7 +424,7 @@ static void direct_cost(int n, size_t nbytes, xccl_cost_t *out)
 {
     double f = n > 1 ? (double)(n - 1) / n : 0;
 
-    out->steps        = n - 1;
+    out->steps        = xccl_pat_direct_steps(n);
     out->bytes        = f * (double)nbytes;
     out->reduce_bytes = f * (double)nbytes;
 }

@@ -36,7 +36,7 @@
 
 #include "core/check.h"
 
-#define MAX_RULES 64
+#define MAX_RULES    64
 #define NAME_MAX_LEN 32
 
 typedef struct rule {
@@ -53,9 +53,10 @@ static rule_t          rules[MAX_RULES];
 static xccl_status_t   env_status;
 static char            env_error[512];
 
-/* Fallback when the caller has no model. */
+/* Fallback when the caller has no model (the core passes its own, fitted per transport). */
 static const xccl_cost_model_t default_model = {20e-6, 1.0 / 2.0e9, 1.0 / 4.0e9};
 
+/* Internal, for tests (not in algo.h): the next selection reads $XCCL_ALGO again. */
 void xccl_algo_reset_env(void);
 
 /* Collective names compare without case and underscores: "allreduce" == "all_reduce". */
@@ -162,10 +163,10 @@ static void parse_env(void)
 {
     const char *v = getenv("XCCL_ALGO"), *s, *end;
 
-    nrules     = 0;
-    env_status = XCCL_OK;
+    nrules       = 0;
+    env_status   = XCCL_OK;
     env_error[0] = '\0';
-    env_parsed = 1;
+    env_parsed   = 1;
     if (v == NULL) return;
     for (s = v; *s != '\0'; s = *end ? end + 1 : end) {
         size_t len;

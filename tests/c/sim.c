@@ -51,6 +51,7 @@ struct sim {
     req_vec_t     matched; /* receives matched and not yet delivered                */
     uint64_t      rng;
     uint64_t      events;  /* posts, deliveries, reductions, completions            */
+    size_t        msgs_cap;
     int           failed;
     sim_result_t *res;
 };
@@ -165,9 +166,13 @@ static xccl_status_t post(xccl_task_t *t, int is_send, int peer, void *buf, size
 
     if (is_send) {
         sim_result_t *res = sim->res;
-        sim_msg_t    *m   = realloc(res->msgs, (res->nmsgs + 1) * sizeof(*m));
-        if (m == NULL) return sim_fail(sim, "sim: out of memory");
-        res->msgs                = m;
+        if (res->nmsgs == sim->msgs_cap) {
+            size_t     cap = sim->msgs_cap ? 2 * sim->msgs_cap : 256;
+            sim_msg_t *m   = realloc(res->msgs, cap * sizeof(*m));
+            if (m == NULL) return sim_fail(sim, "sim: out of memory");
+            res->msgs     = m;
+            sim->msgs_cap = cap;
+        }
         res->msgs[res->nmsgs++] = (sim_msg_t){t->rank, peer, step, nbytes};
     }
 
