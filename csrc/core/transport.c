@@ -5,14 +5,10 @@
 #include "core/core.h"
 
 extern const xccl_transport_ops_t xccl_transport_tcp;
-#ifdef XCCL_HAVE_SHM
 extern const xccl_transport_ops_t xccl_transport_shm;
-#endif
 
 static const xccl_transport_ops_t *const builtin[] = {
-#ifdef XCCL_HAVE_SHM
     &xccl_transport_shm,
-#endif
     &xccl_transport_tcp,
     NULL,
 };
