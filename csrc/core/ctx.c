@@ -320,6 +320,21 @@ xccl_status_t xccl_ctx_create(const xccl_comm_config_t *cfg, xccl_ctx_t **out)
             goto out;
         }
     }
+    /* a transport that serves no peer only costs wake-ups: drop it */
+    for (int i = 0; i < ctx->ntp;) {
+        int used = 0;
+        for (int r = 0; r < cfg->size; r++) used |= ctx->peer_tp[r] == i;
+        if (used || ctx->ntp == 1) {
+            i++;
+            continue;
+        }
+        ctx->tp[i].ops->finalize(ctx->tp[i].ctx);
+        for (int j = i; j + 1 < ctx->ntp; j++) ctx->tp[j] = ctx->tp[j + 1];
+        ctx->ntp--;
+        for (int r = 0; r < cfg->size; r++) {
+            if (ctx->peer_tp[r] > i) ctx->peer_tp[r]--;
+        }
+    }
     for (int i = 0; i < ctx->ntp; i++) {
         const void **addrs = calloc((size_t)cfg->size, sizeof(void *));
         size_t      *lens  = calloc((size_t)cfg->size, sizeof(size_t));
