@@ -1,0 +1,680 @@
+"""xccl as a torch.distributed backend (python/xccl/torch.py).
+
+Every SPMD body joins torch's default group with ``init_process_group(xccl.torch.BACKEND)``
+through a file store and checks results against values computed from the ranks alone.
+Also here: DDP parity with gloo (examples/ddp_train.py), FSDP2 and DTensor against gloo in
+the same processes, error types, futures that complete without wait(), and the CI subset of
+PyTorch's own distributed suite (tests/torch_suite/run_suite.py).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from harness import run_spmd
+
+torch = pytest.importorskip("torch")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _init(rank, size, path, timeout=30.0):
+    import datetime
+
+    import torch.distributed as dist
+
+    import xccl.torch
+
+    dist.init_process_group(
+        xccl.torch.BACKEND,
+        init_method=f"file://{path}",
+        rank=rank,
+        world_size=size,
+        timeout=datetime.timedelta(seconds=timeout),
+    )
+    return dist
+
+
+def _store(tmp_path):
+    return str(tmp_path / "store")
+
+
+# ---------------------------------------------------------------------------------------------
+# Registration
+# ---------------------------------------------------------------------------------------------
+
+
+def test_registration():
+    import torch.distributed as dist
+
+    import xccl.torch
+
+    assert xccl.torch.BACKEND == "xcclc"
+    assert xccl.torch.is_registered()
+    xccl.torch.register()  # idempotent: spawned children import the module again
+    assert dist.Backend.backend_list.count(xccl.torch.BACKEND) == 1
+    assert dist.Backend(xccl.torch.BACKEND) == xccl.torch.BACKEND
+    assert dist.Backend.backend_capability[xccl.torch.BACKEND] == ["cpu"]
+    assert dist.Backend._plugins[xccl.torch.BACKEND.upper()].extended_api
+    # torch's own Intel-XPU backend keeps "xccl".
+    assert getattr(dist.Backend, "XCCL", "xccl") == "xccl"
+
+
+def test_error_classes():
+    import torch.distributed as dist
+
+    import xccl
+    import xccl.torch as xt
+
+    assert issubclass(xt.XcclDistBackendError, dist.DistBackendError)
+    assert issubclass(xt.XcclDistBackendError, xccl.XcclError)
+    assert issubclass(xt.XcclDistTimeoutError, TimeoutError)
+    assert issubclass(xt.XcclDistNetworkError, dist.DistNetworkError)
+    assert issubclass(xt.XcclDistNetworkError, ConnectionError)
+    assert issubclass(xt.XcclDistStoreError, dist.DistStoreError)
+    err = xt._translate(xccl.XcclTimeoutError("deadline passed"))
+    assert isinstance(err, xt.XcclDistTimeoutError) and "deadline passed" in str(err)
+    assert isinstance(
+        xt._translate(xccl.XcclTimeoutError("x"), creating=True), xt.XcclDistStoreError
+    )
+    assert isinstance(xt._translate(xccl.XcclConnectionError("x")), xt.XcclDistNetworkError)
+    plain = ValueError("not ours")
+    assert xt._translate(plain) is plain
+
+
+def test_reduce_op_factor():
+    import torch.distributed as dist
+
+    import xccl
+    import xccl.torch as xt
+
+    assert xt._reduce_op(dist.ReduceOp.SUM) == (xccl._C.OPS["sum"], 1.0)
+    assert xt._reduce_op(dist.ReduceOp.AVG)[0] == xccl._C.OPS["avg"]
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = dist._make_nccl_premul_sum(2.5)
+    assert xt._reduce_op(opts.reduceOp) == (xccl._C.OPS["premul_sum"], 2.5)
+    op = dist._make_nccl_premul_sum(torch.tensor([0.25]))
+    assert xt._reduce_op(op) == (xccl._C.OPS["premul_sum"], 0.25)
+
+
+# ---------------------------------------------------------------------------------------------
+# Collectives through torch.distributed
+# ---------------------------------------------------------------------------------------------
+
+
+def body_collectives(rank, size, path):
+    dist = _init(rank, size, path)
+    n, r = size, rank
+    pg = dist.group.WORLD
+    assert type(pg).__name__ == "XcclProcessGroup"
+    assert dist.get_backend() == "xcclc" and pg.name() == "xcclc"
+    assert pg.size() == n and pg.rank() == r
+
+    ranks1 = torch.arange(1, n + 1, dtype=torch.float64)
+    t = torch.full((5,), r + 1.0)
+    dist.all_reduce(t)
+    assert torch.equal(t, torch.full((5,), ranks1.sum().item()))
+    for op, want in [
+        (dist.ReduceOp.PRODUCT, ranks1.prod().item()),
+        (dist.ReduceOp.MIN, 1.0),
+        (dist.ReduceOp.MAX, float(n)),
+        (dist.ReduceOp.AVG, ranks1.mean().item()),
+        (dist._make_nccl_premul_sum(0.5), 0.5 * ranks1.sum().item()),
+        (dist._make_nccl_premul_sum(torch.tensor([2.0])), 2.0 * ranks1.sum().item()),
+    ]:
+        t = torch.full((3,), r + 1.0, dtype=torch.float64)
+        dist.all_reduce(t, op=op)
+        assert torch.allclose(t, torch.full((3,), want, dtype=torch.float64)), (op, t)
+    bits = torch.tensor([1 << r, 7], dtype=torch.int64)
+    dist.all_reduce(bits, op=dist.ReduceOp.BOR)
+    assert bits.tolist() == [(1 << n) - 1, 7]
+    dist.all_reduce(bits, op=dist.ReduceOp.BAND)
+    assert bits.tolist() == [(1 << n) - 1, 7]
+    x = torch.tensor([r], dtype=torch.int32)
+    dist.all_reduce(x, op=dist.ReduceOp.BXOR)
+    want = 0
+    for i in range(n):
+        want ^= i
+    assert x.item() == want
+
+    # complex, requires_grad, non-contiguous
+    c = torch.tensor([complex(r, 1)], dtype=torch.complex64)
+    dist.all_reduce(c)
+    assert c.item() == complex(n * (n - 1) / 2, n)
+    g = torch.ones(4, requires_grad=True)
+    dist.all_reduce(g)
+    assert torch.equal(g.detach(), torch.full((4,), float(n)))
+    m = torch.zeros(4, 6)
+    col = m[:, 1]  # strided view
+    col.fill_(r)
+    dist.all_reduce(col)
+    assert torch.equal(m[:, 1], torch.full((4,), n * (n - 1) / 2)) and m[:, 0].abs().sum() == 0
+
+    # every dtype xccl has, through torch
+    for dt in (
+        torch.float16,
+        torch.bfloat16,
+        torch.float64,
+        torch.int8,
+        torch.uint8,
+        torch.int32,
+        torch.int64,
+        torch.complex128,
+    ):
+        v = torch.full((7,), r + 1, dtype=dt)
+        dist.all_reduce(v)
+        assert torch.equal(v, torch.full((7,), n * (n + 1) // 2, dtype=dt)), dt
+    flags = torch.tensor([r == 0, True])
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    assert flags.tolist() == [True, True]
+
+    # broadcast / reduce from every root
+    for root in range(n):
+        b = torch.arange(6.0) if r == root else torch.zeros(6)
+        dist.broadcast(b, root)
+        assert torch.equal(b, torch.arange(6.0))
+        v = torch.full((2,), r + 1.0)
+        dist.reduce(v, root, op=dist.ReduceOp.SUM)
+        if r == root:
+            assert torch.equal(v, torch.full((2,), ranks1.sum().item()))
+
+    # all_gather family
+    outs = [torch.zeros(2, 3) for _ in range(n)]
+    dist.all_gather(outs, torch.full((2, 3), float(r)))
+    assert all(torch.equal(o, torch.full((2, 3), float(i))) for i, o in enumerate(outs))
+    flat = torch.zeros(n * 2)
+    dist.all_gather_into_tensor(flat, torch.full((2,), float(r)))
+    assert flat.tolist() == [float(i) for i in range(n) for _ in range(2)]
+    stacked = torch.zeros(n, 2)
+    dist.all_gather_into_tensor(stacked, torch.full((2,), float(r)))
+    assert torch.equal(stacked.reshape(-1), flat)
+    lists = [[torch.zeros(1), torch.zeros(2, dtype=torch.float32)] for _ in range(n)]
+    dist.all_gather_coalesced(lists, [torch.full((1,), float(r)), torch.full((2,), r + 0.5)])
+    for i in range(n):
+        assert lists[i][0].item() == i and lists[i][1].tolist() == [i + 0.5] * 2
+
+    # reduce_scatter family
+    out = torch.zeros(2)
+    dist.reduce_scatter(out, [torch.full((2,), float(r + j)) for j in range(n)])
+    assert out.tolist() == [float(sum(i + r for i in range(n)))] * 2
+    out = torch.zeros(2)
+    dist.reduce_scatter_tensor(out, torch.arange(2.0 * n) + r)
+    base = torch.arange(2.0 * n).reshape(n, 2)[r]
+    assert torch.equal(out, base * n + sum(range(n)))
+    # blocks of different sizes: rank j's block has j + 1 elements
+    out = torch.zeros(r + 1)
+    dist.reduce_scatter(out, [torch.full((j + 1,), float(r)) for j in range(n)])
+    assert out.tolist() == [float(sum(range(n)))] * (r + 1)
+
+    # all_to_all
+    inp = torch.arange(2.0 * n) + 100 * r
+    out = torch.zeros(2 * n)
+    dist.all_to_all_single(out, inp)
+    assert out.tolist() == [100.0 * i + 2 * r + k for i in range(n) for k in range(2)]
+    in_splits = [j + 1 for j in range(n)]  # rank r sends j+1 rows to rank j
+    out_splits = [r + 1] * n
+    inp = torch.full((sum(in_splits), 2), float(r))
+    out = torch.zeros(sum(out_splits), 2)
+    dist.all_to_all_single(out, inp, out_splits, in_splits)
+    assert out[:, 0].tolist() == [float(i) for i in range(n) for _ in range(r + 1)]
+    outs = [torch.zeros(i + 1) for i in range(n)]
+    dist.all_to_all(outs, [torch.full((r + 1,), float(10 * r + j)) for j in range(n)])
+    assert [o.tolist() for o in outs] == [[float(10 * i + r)] * (i + 1) for i in range(n)]
+
+    # gather / scatter to and from the last rank
+    root = n - 1
+    gl = [torch.zeros(3) for _ in range(n)] if r == root else None
+    dist.gather(torch.full((3,), float(r)), gl, dst=root)
+    if r == root:
+        assert [g_.tolist() for g_ in gl] == [[float(i)] * 3 for i in range(n)]
+    sc = torch.zeros(3)
+    dist.scatter(
+        sc, [torch.full((3,), float(i * i)) for i in range(n)] if r == root else None, src=root
+    )
+    assert sc.tolist() == [float(r * r)] * 3
+
+    dist.barrier()
+    # objects go through broadcast / all_gather on CPU tensors
+    objs = [None] * n
+    dist.all_gather_object(objs, {"rank": r})
+    assert objs == [{"rank": i} for i in range(n)]
+    lst = [f"from {r}"]
+    dist.broadcast_object_list(lst, src=0)
+    assert lst == ["from 0"]
+
+    # coalescing manager: one allreduce_coalesced
+    a, b = torch.full((2,), 1.0 + r), torch.full((3,), 2.0)
+    with dist._coalescing_manager():
+        dist.all_reduce(a)
+        dist.all_reduce(b)
+    assert a.tolist() == [ranks1.sum().item()] * 2 and b.tolist() == [2.0 * n] * 3
+    dist.destroy_process_group()
+    return True
+
+
+@pytest.mark.parametrize("size", [1, 2, 3])
+def test_collectives(tmp_path, size):
+    assert run_spmd(body_collectives, size, _store(tmp_path), init=False) == [True] * size
+
+
+def body_p2p(rank, size, path):
+    dist = _init(rank, size, path)
+    nxt, prv = (rank + 1) % size, (rank - 1) % size
+    t = torch.full((4,), float(rank))
+    r = torch.zeros(4)
+    if rank % 2 == 0:
+        dist.send(t, nxt)
+        dist.recv(r, prv)
+    else:
+        dist.recv(r, prv)
+        dist.send(t, nxt)
+    assert r.tolist() == [float(prv)] * 4
+    # tags keep messages apart; irecv from any source reports the sender
+    if rank == 0:
+        got = {}
+        for _ in range(size - 1):
+            buf = torch.zeros(1)
+            w = dist.irecv(buf, tag=7)
+            w.wait()
+            got[w._source_rank()] = buf.item()
+        assert got == {i: float(i) for i in range(1, size)}
+        buf = torch.zeros(1)
+        assert dist.recv(buf, tag=8) == size - 1 and buf.item() == -1.0
+    else:
+        dist.isend(torch.full((1,), float(rank)), 0, tag=7).wait()
+        if rank == size - 1:
+            dist.send(torch.full((1,), -1.0), 0, tag=8)
+    # batch_isend_irecv: a ring in one call
+    recv = torch.zeros(2)
+    ops = [
+        dist.P2POp(dist.irecv, recv, prv),
+        dist.P2POp(dist.isend, torch.full((2,), rank * 1.0), nxt),
+    ]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    assert recv.tolist() == [float(prv)] * 2
+    dist.destroy_process_group()
+    return True
+
+
+def test_p2p(tmp_path):
+    assert run_spmd(body_p2p, 3, _store(tmp_path), init=False) == [True] * 3
+
+
+def body_env_init(rank, size, port):
+    import torch.distributed as dist
+
+    import xccl.torch
+
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(size)
+    )
+    dist.init_process_group(f"cpu:{xccl.torch.BACKEND}")  # env://, torch's TCPStore
+    assert isinstance(dist.group.WORLD, xccl.torch.XcclProcessGroup)
+    t = torch.ones(3)
+    dist.all_reduce(t)
+    assert t.tolist() == [float(size)] * 3
+    dist.destroy_process_group()
+    if rank == 0:
+        # "xccl" itself is torch's Intel-XPU backend, which torch handles before plugins.
+        try:
+            dist.init_process_group("xccl", store=dist.HashStore(), rank=0, world_size=1)
+        except RuntimeError as exc:
+            return str(exc)
+        dist.destroy_process_group()
+        return "init_process_group('xccl') worked"
+    return None
+
+
+def test_env_init_and_the_xccl_name(tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    res = run_spmd(body_env_init, 2, port, init=False)
+    assert "XCCL" in res[0], res[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Groups, DeviceMesh
+# ---------------------------------------------------------------------------------------------
+
+
+def body_groups(rank, size, path):
+    dist = _init(rank, size, path)
+    from torch.distributed.device_mesh import init_device_mesh
+
+    import xccl.torch
+
+    evens = [r for r in range(size) if r % 2 == 0]
+    g = dist.new_group(evens)
+    if rank in evens:
+        assert isinstance(g, xccl.torch.XcclProcessGroup)
+        assert g.global_ranks == evens and g.size() == len(evens)
+        t = torch.full((1,), float(rank))
+        dist.all_reduce(t, group=g)
+        assert t.item() == float(sum(evens))
+        assert dist.get_backend(g) == xccl.torch.BACKEND
+    else:
+        assert g == dist.GroupMember.NON_GROUP_MEMBER
+    mesh = init_device_mesh("cpu", (2, size // 2), mesh_dim_names=("dp", "tp"))
+    tp, dp = mesh.get_group("tp"), mesh.get_group("dp")
+    assert isinstance(tp, xccl.torch.XcclProcessGroup)
+    assert isinstance(dp, xccl.torch.XcclProcessGroup)
+    t = torch.full((1,), float(rank))
+    dist.all_reduce(t, group=tp)
+    row = rank // (size // 2)
+    assert t.item() == float(sum(range(row * (size // 2), (row + 1) * (size // 2))))
+    u = torch.full((1,), float(rank))
+    dist.all_reduce(u, group=dp)
+    assert u.item() == float(rank % (size // 2) * 2 + size // 2)
+    dist.destroy_process_group(g) if rank in evens else None
+    dist.destroy_process_group()
+    return True
+
+
+def test_groups_and_device_mesh(tmp_path):
+    assert run_spmd(body_groups, 4, _store(tmp_path), init=False, timeout=90) == [True] * 4
+
+
+# ---------------------------------------------------------------------------------------------
+# Work and futures
+# ---------------------------------------------------------------------------------------------
+
+
+def body_futures(rank, size, path):
+    dist = _init(rank, size, path)
+    import threading
+
+    t = torch.full((1000,), float(rank))
+    w = dist.all_reduce(t, async_op=True)
+    fut = w.get_future()
+    seen = []
+    chained = fut.then(lambda f: seen.append(threading.get_ident()) or f.value()[0] * 2)
+    deadline = time.monotonic() + 20
+    while not fut.done():  # completes without anyone calling wait()
+        assert time.monotonic() < deadline, "the future did not complete on its own"
+        time.sleep(0.001)
+    assert w.is_completed() and w.is_success() and w.exception() is None
+    assert fut.value()[0] is t
+    assert torch.equal(chained.wait(), torch.full((1000,), float(sum(range(size)) * 2)))
+    # a list output is copied into place before the future completes
+    outs = [torch.zeros(3) for _ in range(size)]
+    w = dist.all_gather(outs, torch.full((3,), float(rank)), async_op=True)
+    values = w.get_future().wait()
+    assert [o[0].item() for o in values] == [float(i) for i in range(size)]
+    assert w.wait() is True and w.result() == outs
+    dist.destroy_process_group()
+    return True
+
+
+def test_futures_complete_on_their_own(tmp_path):
+    assert run_spmd(body_futures, 2, _store(tmp_path), init=False) == [True, True]
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors
+# ---------------------------------------------------------------------------------------------
+
+
+def body_errors(rank, size, path):
+    dist = _init(rank, size, path, timeout=5.0)
+    import datetime
+
+    import xccl
+    import xccl.torch
+
+    # different collectives on the two ranks: both raise, as torch's types
+    try:
+        if rank == 0:
+            dist.all_reduce(torch.ones(4))
+        else:
+            dist.broadcast(torch.ones(4), 0)
+        raise AssertionError("mismatch not detected")
+    except dist.DistBackendError as exc:
+        assert isinstance(exc, xccl.XcclError), type(exc)
+        assert "all_reduce" in str(exc) or "broadcast" in str(exc), str(exc)
+        mismatch = type(exc).__name__
+    dist.destroy_process_group()
+
+    # a rank that never arrives: the other times out, as DistBackendError and TimeoutError
+    dist = _init(rank, size, path + ".2", timeout=30.0)
+    dist.barrier()
+    if rank == 0:
+        w = dist.all_reduce(torch.ones(2), async_op=True)
+        opts = dist.BarrierOptions()
+        opts.timeout = datetime.timedelta(seconds=1.0)
+        t0 = time.monotonic()
+        bw = dist.group.WORLD.barrier(opts)
+        try:
+            bw.wait()
+            raise AssertionError("barrier without the peer returned")
+        except dist.DistBackendError as exc:
+            assert isinstance(exc, TimeoutError), type(exc)
+            assert time.monotonic() - t0 < 20
+        # C++ waiters (DDP) see the failure through the future
+        try:
+            bw.get_future().wait()
+            raise AssertionError("future of a failed barrier succeeded")
+        except RuntimeError as exc:
+            assert "Timeout" in str(exc) or "timed out" in str(exc) or "deadline" in str(exc)
+        dist.group.WORLD.abort()
+        assert w.is_completed()
+        return mismatch
+    time.sleep(4.0)  # rank 1 stays away, then leaves without a word
+    os._exit(0)
+
+
+def test_errors_are_torch_types(tmp_path):
+    res = run_spmd(body_errors, 2, _store(tmp_path), init=False, timeout=90, expect_exit={1: 0})
+    assert res[0] == "XcclDistMismatchError"
+
+
+def body_creation_timeout(rank, size, path):
+    import datetime
+
+    import torch.distributed as dist
+
+    import xccl.torch
+
+    t0 = time.monotonic()
+    try:
+        # world_size 2 but only one process: the rendezvous through the store times out
+        dist.init_process_group(
+            xccl.torch.BACKEND,
+            init_method=f"file://{path}",
+            rank=0,
+            world_size=2,
+            timeout=datetime.timedelta(seconds=2),
+        )
+    except dist.DistError as exc:
+        return type(exc).__name__, isinstance(exc, dist.DistStoreError), time.monotonic() - t0
+    return None
+
+
+def test_creation_timeout_is_store_error(tmp_path):
+    [(name, is_store, took)] = run_spmd(
+        body_creation_timeout, 1, _store(tmp_path), init=False, timeout=60
+    )
+    assert is_store, name
+    assert took < 30
+
+
+def body_monitored_barrier(rank, size, path):
+    dist = _init(rank, size, path, timeout=20.0)
+    import datetime
+
+    pg = dist.group.WORLD
+    pg.monitored_barrier(datetime.timedelta(seconds=10))
+    if rank == 0:
+        try:
+            pg.monitored_barrier(datetime.timedelta(seconds=1))
+            raise AssertionError("monitored_barrier without rank 1 returned")
+        except dist.DistBackendError as exc:
+            assert "1" in str(exc), str(exc)
+        pg.abort()
+        return True
+    time.sleep(3.0)
+    os._exit(0)
+
+
+def test_monitored_barrier(tmp_path):
+    res = run_spmd(
+        body_monitored_barrier, 2, _store(tmp_path), init=False, timeout=60, expect_exit={1: 0}
+    )
+    assert res[0] is True
+
+
+# ---------------------------------------------------------------------------------------------
+# DDP, FSDP2, DTensor: results equal gloo's
+# ---------------------------------------------------------------------------------------------
+
+
+def body_ddp_peer_dies(rank, size, path):
+    dist = _init(rank, size, path, timeout=20.0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4))
+    model(torch.randn(2, 4)).sum().backward()
+    if rank == 1:
+        os._exit(0)
+    t0 = time.monotonic()
+    try:
+        for _ in range(2):  # DDP may report a failed reduction at the next iteration
+            model(torch.randn(2, 4)).sum().backward()
+    except RuntimeError as exc:
+        # DDP's reducer waits on the future in C++: the type is RuntimeError, the message
+        # is xccl's.
+        assert "XcclDist" in str(exc), str(exc)
+        assert time.monotonic() - t0 < 15
+        dist.group.WORLD.abort()
+        return True
+    return False
+
+
+def test_ddp_peer_failure_raises(tmp_path):
+    res = run_spmd(
+        body_ddp_peer_dies, 2, _store(tmp_path), init=False, timeout=60, expect_exit={1: 0}
+    )
+    assert res[0] is True
+
+
+def test_ddp_parity_with_gloo(tmp_path):
+    """examples/ddp_train.py trains on xccl and on gloo; the parameters must be allclose."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "examples", "ddp_train.py"),
+            "--nproc",
+            "2",
+            "--steps",
+            "6",
+            "--out-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=170,
+        check=False,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    a = torch.load(tmp_path / "ddp_xcclc.pt")
+    b = torch.load(tmp_path / "ddp_gloo.pt")
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.allclose(a[k], b[k], rtol=1e-5, atol=1e-6), k
+    assert "allclose" in out.stdout
+
+
+def _fsdp_train(mesh, seed):
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(3):
+        loss = model(torch.randn(4, 8, generator=gen)).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    return [p.full_tensor().detach().clone() for p in model.parameters()]
+
+
+def body_fsdp_dtensor(rank, size, path):
+    dist = _init(rank, size, path)
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+
+    ours = DeviceMesh.from_group(dist.group.WORLD, "cpu")
+    gloo = DeviceMesh.from_group(dist.new_group(backend="gloo"), "cpu")
+    # DTensor redistributions (all_gather_single, reduce_scatter_single, allreduce, ...)
+    for mesh in (ours, gloo):
+        x = torch.arange(4.0 * size).reshape(2 * size, 2)
+        d = distribute_tensor(x, mesh, [Shard(0)])
+        assert torch.equal(d.full_tensor(), x)
+        p = DTensor.from_local(torch.full((2 * size,), rank + 1.0), mesh, [Partial()])
+        assert torch.equal(
+            p.redistribute(mesh, [Replicate()]).to_local(),
+            torch.full((2 * size,), size * (size + 1) / 2),
+        )
+        s = DTensor.from_local(torch.full((2 * size,), rank + 1.0), mesh, [Partial()])
+        assert torch.equal(
+            s.redistribute(mesh, [Shard(0)]).to_local(), torch.full((2,), size * (size + 1) / 2)
+        )
+    # FSDP2: same training on both backends, same parameters
+    a = _fsdp_train(ours, seed=rank)
+    b = _fsdp_train(gloo, seed=rank)
+    for pa, pb in zip(a, b, strict=True):
+        assert torch.allclose(pa, pb, rtol=1e-5, atol=1e-6)
+    dist.destroy_process_group()
+    return True
+
+
+def test_fsdp2_and_dtensor_match_gloo(tmp_path):
+    assert run_spmd(body_fsdp_dtensor, 2, _store(tmp_path), init=False, timeout=120) == [True, True]
+
+
+# ---------------------------------------------------------------------------------------------
+# PyTorch's own suite (CI subset)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_torch_suite_subset(tmp_path):
+    """The fixed subset of torch's DistributedTest through tests/torch_suite/run_suite.py:
+    every test that passes on gloo passes on xccl too."""
+    report = tmp_path / "suite.json"
+    out = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "tests", "torch_suite", "run_suite.py"),
+            "--subset",
+            "--json",
+            str(report),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=170,
+        check=False,
+    )
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    import json
+
+    data = json.loads(report.read_text())
+    ours = data["results"]["xcclc"]
+    gloo = data["results"]["gloo"]
+    failed = {n: r for n, r in ours.items() if r["outcome"] == "failed"}
+    assert not failed, failed
+    behind = [
+        n for n, r in gloo.items() if r["outcome"] == "passed" and ours[n]["outcome"] != "passed"
+    ]
+    assert not behind, {n: ours[n] for n in behind}
+    passed = [n for n, r in ours.items() if r["outcome"] == "passed"]
+    assert len(passed) >= 20, out.stdout[-4000:]
