@@ -78,9 +78,27 @@ static xccl_req_t *req_new(xccl_work_t *w, req_kind_t kind, int world_peer, void
     return r;
 }
 
-/* A control message that no Work owns: a mismatch notice carrying `text`, or (text == NULL) a
- * fingerprint check. */
+/* A control message that no Work owns: a mismatch or failure notice (`flags`) carrying
+ * `text`, or (text == NULL) a fingerprint check. */
+static void send_ctrl_flags(xccl_comm_t *comm, int peer, uint64_t seq, uint64_t fp,
+                            const char *text, uint64_t flags);
 static void send_ctrl(xccl_comm_t *comm, int peer, uint64_t seq, uint64_t fp, const char *text)
+{
+    send_ctrl_flags(comm, peer, seq, fp, text, 0);
+}
+
+void xccl_coll_notify_failure(xccl_work_t *w, const char *msg)
+{
+    xccl_comm_t *comm = w->comm;
+
+    if (w->notified || comm->destroyed) return;
+    for (int p = 0; p < comm->size; p++) {
+        if (p != comm->rank) send_ctrl_flags(comm, p, w->seq, w->fp, msg, TAG_CTRL_FAIL);
+    }
+}
+
+static void send_ctrl_flags(xccl_comm_t *comm, int peer, uint64_t seq, uint64_t fp,
+                            const char *text, uint64_t flags)
 {
     xccl_ctx_t *ctx = comm->ctx;
     size_t      len = text ? strlen(text) + 1 : 0;
@@ -90,7 +108,7 @@ static void send_ctrl(xccl_comm_t *comm, int peer, uint64_t seq, uint64_t fp, co
     r->kind    = REQ_SEND;
     r->peer    = comm->world[peer];
     r->comm_id = comm->id;
-    r->tag     = tag_ctrl(seq) | (text ? 0 : TAG_CTRL_CHECK);
+    r->tag     = tag_ctrl(seq) | (text ? flags : TAG_CTRL_CHECK);
     r->fp      = fp;
     r->buf     = len ? (char *)(r + 1) : NULL;
     r->nbytes  = len;
@@ -237,6 +255,15 @@ int xccl_coll_ctrl_arrived(xccl_ctx_t *ctx, xccl_umsg_t *u)
     peer = xccl_comm_rank_of_world(comm, u->src);
     if (u->hdr.tag & TAG_CTRL_CHECK) {
         if (w->fp != u->hdr.fp) xccl_coll_mismatch(comm, seq, peer, u->hdr.fp, 1);
+        return 1;
+    }
+    if (u->hdr.tag & TAG_CTRL_FAIL) {
+        snprintf(msg, sizeof(msg), "%s (algo %s, seq %llu) on comm '%s' failed on rank %d: "
+                 "rank %d reported: %s", w->name, w->task.algo->name, (unsigned long long)seq,
+                 comm->name, comm->rank, peer, u->data ? (const char *)u->data : "failure");
+        (void)xccl_error_report(XCCL_ERR_REMOTE, __FILE__, __LINE__, "%s", msg);
+        w->notified = 1;
+        xccl_work_finish(w, XCCL_ERR_REMOTE, msg);
         return 1;
     }
     if (w->fp != u->hdr.fp) {

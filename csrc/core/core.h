@@ -40,6 +40,9 @@ static inline uint64_t tag_coll(uint64_t seq, uint32_t step)
  * mismatch is found even when the mismatched calls would exchange no message); clear = a
  * mismatch notice whose payload is the notifier's message. */
 #define TAG_CTRL_CHECK (1ull << 60)
+/* bit 59 set = failure notice: the sender's part of collective `seq` failed (peer death or
+ * timeout); the payload says why, so ranks that wait on the sender fail at once. */
+#define TAG_CTRL_FAIL (1ull << 59)
 static inline uint64_t tag_ctrl(uint64_t seq) { return ((uint64_t)TAG_KIND_CTRL << 62) | seq; }
 static inline uint64_t tag_ctrl_seq(uint64_t tag) { return tag & ((1ull << 42) - 1); }
 static inline int      tag_kind(uint64_t tag) { return (int)(tag >> 62); }
@@ -164,6 +167,7 @@ struct xccl_work {
     xccl_work_cb_t cb;
     void          *cb_arg;
     int            async_counted; /* counted in ctx->nasync (background progress wanted)   */
+    int            notified;      /* failed because a peer said so: do not pass it on      */
     xccl_work_t   *next;  /* ctx->active                                                  */
     xccl_work_t   *cnext; /* completion list                                              */
 };
@@ -240,6 +244,8 @@ void          xccl_work_expire(xccl_work_t *w);
 
 /* coll.c: a mismatch notice (control message) is complete; 1 if it was consumed. */
 int           xccl_coll_ctrl_arrived(xccl_ctx_t *ctx, xccl_umsg_t *u);
+/* coll.c: tells the other members that this rank's part of collective w failed. */
+void          xccl_coll_notify_failure(xccl_work_t *w, const char *msg);
 /* coll.c: fail the comm's collective `seq` with a mismatch (lock held). */
 void          xccl_coll_mismatch(xccl_comm_t *comm, uint64_t seq, int peer_rank, uint64_t peer_fp,
                                  int notify);

@@ -107,6 +107,9 @@ void xccl_work_finish(xccl_work_t *w, xccl_status_t st, const char *msg)
     if (st < 0) {
         const char *m = msg ? msg : xccl_last_error();
         w->errmsg     = strdup(m && *m ? m : xccl_status_string(st));
+        /* peers waiting on this rank's part would otherwise only time out */
+        if (w->kind == WORK_COLL && (st == XCCL_ERR_REMOTE || st == XCCL_ERR_TIMEOUT))
+            xccl_coll_notify_failure(w, w->errmsg ? w->errmsg : "failure");
         /* retire every request still out: posted ones are unlinked, transport-held ones are
          * dropped with their connection (xccl_req_cancel) */
         if (w->kind == WORK_P2P && w->req) xccl_req_cancel(ctx, w->req, st, w->errmsg);
@@ -127,22 +130,42 @@ void xccl_work_finish(xccl_work_t *w, xccl_status_t st, const char *msg)
     pthread_cond_broadcast(&ctx->cond);
 }
 
+/* The message of a failed request: the transport's reason for its peer when there is one. */
+static const char *req_error(xccl_ctx_t *ctx, const xccl_req_t *r, char *buf, size_t len)
+{
+    int         world = r->kind == REQ_SEND ? r->peer : (r->peer >= 0 ? r->peer : r->src);
+    const char *why   = world >= 0 && world < ctx->size ? ctx->peer_dead[world] : NULL;
+    const char *last  = xccl_last_error();
+
+    if (r->status == XCCL_ERR_INVALID_USAGE && last && *last) return last;
+    snprintf(buf, len, "%s rank %d failed: %s", r->kind == REQ_SEND ? "send to" : "receive from",
+             world >= 0 ? xccl_comm_rank_of_world(r->work->comm, world) : -1,
+             why ? why : (last && *last ? last : xccl_status_string(r->status)));
+    return buf;
+}
+
 void xccl_req_finished(xccl_ctx_t *ctx, xccl_req_t *r)
 {
     xccl_work_t *w = r->work;
+    char         msg[600];
 
-    (void)ctx;
     if (!w->active) return;
     if (w->kind == WORK_P2P) {
         /* recorded now: the communicator may be gone when the user asks */
         if (r->kind == REQ_RECV && r->status == XCCL_OK)
             w->source = xccl_comm_rank_of_world(w->comm, r->src);
         if (r->status == XCCL_OK) xccl_work_finish(w, XCCL_OK, NULL);
-        else xccl_work_finish(w, r->status, NULL);
+        else xccl_work_finish(w, r->status, req_error(ctx, r, msg, sizeof(msg)));
         return;
     }
     w->task.npending--;
-    if (r->status < 0) xccl_work_finish(w, r->status, NULL);
+    if (r->status < 0) {
+        char full[800];
+        snprintf(full, sizeof(full), "%s (algo %s, seq %llu) on comm '%s' failed on rank %d: %s",
+                 w->name, w->task.algo->name, (unsigned long long)w->seq, w->comm->name,
+                 w->comm->rank, req_error(ctx, r, msg, sizeof(msg)));
+        xccl_work_finish(w, r->status, full);
+    }
 }
 
 void xccl_work_progress_locked(xccl_work_t *w)

@@ -1,0 +1,112 @@
+"""Failure behaviour through the Python API: a killed peer, a stalled peer, a collective
+mismatch, and messages of 2 GiB and more, on both transports.
+
+A dead or slow peer must give every waiting rank an error that names the peer, the operation
+and the time waited, within the timeout: never a hang, never wrong data.
+"""
+
+import os
+import time
+
+import numpy as np
+import pytest
+from harness import run_spmd
+
+TRANSPORTS = ["tcp", "shm"]
+
+
+def body_killed_peer(rank, world_size):
+    import xccl
+
+    x = np.ones(1 << 16, np.float32)
+    xccl.all_reduce(x)  # everyone is connected and healthy
+    if rank == world_size - 1:
+        os._exit(9)  # dies without a word while the others enter the next collective
+    t0 = time.monotonic()
+    with pytest.raises(xccl.XcclError) as info:
+        xccl.all_reduce(x, algo="ring")
+        xccl.barrier()  # a rank the dead one did not feed still fails here
+    return str(info.value), type(info.value).__name__, time.monotonic() - t0
+
+
+@pytest.mark.parametrize("backend", TRANSPORTS)
+def test_killed_peer_is_named(backend):
+    n = 3
+    res = run_spmd(body_killed_peer, n, backend=backend, timeout=60, pg_timeout=20,
+                   expect_exit={n - 1: 9})
+    for rank, out in enumerate(res[:-1]):
+        msg, kind, waited = out
+        assert f"rank {n - 1}" in msg, (rank, msg)
+        assert kind in ("XcclConnectionError", "XcclTimeoutError", "XcclError"), kind
+        assert waited < 20, (rank, waited)
+
+
+def body_stalled_peer(rank, world_size):
+    import xccl
+
+    x = np.ones(16, np.float32)
+    xccl.all_reduce(x)
+    if rank == 1:
+        time.sleep(6)  # alive, connected, but does not take part in time
+        return None
+    t0 = time.monotonic()
+    with pytest.raises(xccl.XcclTimeoutError) as info:
+        xccl.all_reduce(x, algo="ring")
+    return str(info.value), time.monotonic() - t0
+
+
+@pytest.mark.parametrize("backend", TRANSPORTS)
+def test_stalled_peer_times_out_naming_it(backend):
+    res = run_spmd(body_stalled_peer, 2, backend=backend, timeout=60, pg_timeout=2)
+    msg, waited = res[0]
+    assert "all_reduce" in msg and "timed out after 2.0 s" in msg, msg
+    assert "rank 1" in msg, msg
+    assert 1.5 < waited < 5, waited
+
+
+def body_mismatch(rank, world_size):
+    import xccl
+
+    x = np.zeros(4, np.float32)
+    with pytest.raises(xccl.XcclMismatchError) as info:
+        if rank == 0:
+            xccl.all_reduce(x)
+        else:
+            xccl.broadcast(x, src=0)
+    xccl.barrier()  # everyone saw its error before anyone leaves
+    return str(info.value)
+
+
+def test_mismatch_named_on_every_rank():
+    msgs = run_spmd(body_mismatch, 4, timeout=60, pg_timeout=20)
+    for m in msgs:
+        assert "mismatch" in m and "all_reduce" in m and "broadcast" in m, m
+
+
+BIG = (1 << 31) + 4099  # more than 2 GiB, not a multiple of anything convenient
+
+
+def body_big_p2p(rank, world_size):
+    import xccl
+
+    buf = np.empty(BIG, np.uint8)
+    if rank == 0:
+        buf[:] = 0
+        buf[::4096] = 7
+        buf[-1] = 9
+        xccl.send(buf, dst=1)
+        return None
+    buf[:] = 1
+    src = xccl.recv(buf, src=0)
+    # independent expectation: only the marked positions are non-zero
+    marks = np.zeros(BIG, bool)
+    marks[::4096] = True
+    marks[-1] = True
+    ok = bool(np.all(buf[marks] != 0) and not np.any(buf[~marks]))
+    return src, ok, int(buf[-1]), int(buf[4096])
+
+
+@pytest.mark.parametrize("backend", TRANSPORTS)
+def test_message_over_2gib(backend):
+    res = run_spmd(body_big_p2p, 2, backend=backend, timeout=240, pg_timeout=200)
+    assert res[1] == (0, True, 9, 7)
