@@ -32,8 +32,9 @@ def body_killed_peer(rank, world_size):
 @pytest.mark.parametrize("backend", TRANSPORTS)
 def test_killed_peer_is_named(backend):
     n = 3
-    res = run_spmd(body_killed_peer, n, backend=backend, timeout=60, pg_timeout=20,
-                   expect_exit={n - 1: 9})
+    res = run_spmd(
+        body_killed_peer, n, backend=backend, timeout=60, pg_timeout=20, expect_exit={n - 1: 9}
+    )
     for rank, out in enumerate(res[:-1]):
         msg, kind, waited = out
         assert f"rank {n - 1}" in msg, (rank, msg)

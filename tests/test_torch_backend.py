@@ -409,6 +409,22 @@ def body_futures(rank, size, path):
     values = w.get_future().wait()
     assert [o[0].item() for o in values] == [float(i) for i in range(size)]
     assert w.wait() is True and w.result() == outs
+    # wait(timeout) gives up, the operation goes on
+    import datetime
+
+    if rank == 0:
+        buf = torch.zeros(2)
+        w = dist.irecv(buf, src=1, tag=99)
+        try:
+            w.wait(datetime.timedelta(seconds=0.3))
+            raise AssertionError("wait(timeout) returned before the message was sent")
+        except dist.DistBackendError as exc:
+            assert isinstance(exc, TimeoutError), type(exc)
+        dist.barrier()
+        assert w.wait() is True and buf.tolist() == [5.0, 5.0]
+    else:
+        dist.barrier()
+        dist.send(torch.full((2,), 5.0), 0, tag=99)
     dist.destroy_process_group()
     return True
 

@@ -38,6 +38,7 @@ supported yet.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any, Optional, Union
@@ -366,9 +367,10 @@ class XcclWork(dist.Work):
         error. `timeout` (timedelta or seconds; None or 0: the operation's own deadline)
         raises :class:`XcclDistTimeoutError` when it passes first (the operation goes on)."""
         seconds = _seconds(timeout) if timeout is not None else None
+        deadline = None if seconds is None else time.monotonic() + seconds
         try:
             for cw in self._cworks:
-                cw.wait(seconds)
+                cw.wait(None if deadline is None else max(deadline - time.monotonic(), 1e-6))
         except _C.XcclError as exc:
             if not all(cw.is_completed() for cw in self._cworks):
                 raise _translate(exc) from None  # the wait timed out, not the operation
