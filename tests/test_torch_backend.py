@@ -2,9 +2,9 @@
 
 Every SPMD body joins torch's default group with ``init_process_group(xccl.torch.BACKEND)``
 through a file store and checks results against values computed from the ranks alone.
-Also here: DDP parity with gloo (examples/ddp_train.py), FSDP2 and DTensor against gloo in
-the same processes, error types, futures that complete without wait(), and the CI subset of
-PyTorch's own distributed suite (tests/torch_suite/run_suite.py).
+Also here: DDP parity with gloo (examples/ddp_train.py); FSDP2, DTensor and tensor
+parallelism against gloo in the same processes; error types; futures that complete without
+wait(); and the CI subset of PyTorch's own distributed suite (tests/torch_suite/).
 """
 
 from __future__ import annotations
@@ -645,6 +645,22 @@ def body_fsdp_dtensor(rank, size, path):
         assert torch.equal(
             s.redistribute(mesh, [Shard(0)]).to_local(), torch.full((2,), size * (size + 1) / 2)
         )
+    # tensor parallelism: column-wise then row-wise linear layers
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    outs = []
+    for mesh in (ours, gloo):
+        torch.manual_seed(0)
+        mlp = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
+        mlp = parallelize_module(mlp, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        y = mlp(torch.randn(3, 4, generator=torch.Generator().manual_seed(1)))
+        y.sum().backward()
+        outs.append((y.detach(), mlp[0].weight.grad.full_tensor()))
+    assert torch.allclose(outs[0][0], outs[1][0]) and torch.allclose(outs[0][1], outs[1][1])
     # FSDP2: same training on both backends, same parameters
     a = _fsdp_train(ours, seed=rank)
     b = _fsdp_train(gloo, seed=rank)

@@ -259,7 +259,7 @@ def run_backend(
                 cmd,
                 env=_worker_env(backend, args, temp),
                 stderr=logf,
-                stdout=None if args.verbose else subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL if args.quiet else None,
                 check=False,
             )
         if not os.path.exists(out):
@@ -365,7 +365,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     )
     p.add_argument("--json", help="write every outcome to this file")
     p.add_argument("--list", action="store_true", help="print the selected tests and exit")
-    p.add_argument("--verbose", action="store_true", help="echo the workers' progress lines")
+    p.add_argument("--quiet", action="store_true", help="no progress line per test")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--list-worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
