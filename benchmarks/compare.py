@@ -213,10 +213,11 @@ def plan_runs(
     repeat: int = 1,
 ) -> list[Run]:
     """The command of every (repetition, rank count, system), in the order they run."""
-    py_path = os.pathsep.join(
-        p for p in (os.path.join(ROOT, "python"), os.environ.get("PYTHONPATH", "")) if p
-    )
-    env = {"PYTHONPATH": py_path, "OMP_NUM_THREADS": "1"}
+    env = {"OMP_NUM_THREADS": "1"}
+    if not _have_module("xccl"):  # not installed: the source tree (built in place)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (os.path.join(ROOT, "python"), os.environ.get("PYTHONPATH", "")) if p
+        )
     m = re.search(r"(\d+)\.\d+", mpi_version)
     shm_btl = "sm" if m and int(m.group(1)) >= 5 else "vader"  # renamed in Open MPI 5
     runs: list[Run] = []
@@ -330,8 +331,9 @@ def _fmt_ratio(x: Optional[float]) -> str:
 
 
 def _fmt_us(us: float) -> str:
-    if us >= 1e4:
-        return f"{us / 1e3:.1f} ms" if us < 1e5 else f"{us / 1e3:.0f} ms"
+    """Microseconds, with fewer decimals as they grow (always µs, as nccl-tests prints)."""
+    if us >= 1000:
+        return f"{us:.0f}"
     return f"{us:.1f}" if us >= 10 else f"{us:.2f}"
 
 

@@ -18,7 +18,6 @@ pytest.importorskip("xccl", reason="the xccl extension cannot be imported")
 bench = importlib.import_module("xccl.bench")
 
 
-
 def parse_tables(text: str) -> dict[str, list[dict[str, Any]]]:
     """Rows of every table in xccl-bench's output, by operation. A row is a dict of size,
     count, type, redop, root and, for "out" and "in", None (N/A) or (time, algbw, busbw,

@@ -40,8 +40,8 @@ static inline uint64_t tag_coll(uint64_t seq, uint32_t step)
  * mismatch is found even when the mismatched calls would exchange no message); clear = a
  * mismatch notice whose payload is the notifier's message. */
 #define TAG_CTRL_CHECK (1ull << 60)
-/* bit 59 set = failure notice: the sender's part of collective `seq` failed (peer death or
- * timeout); the payload says why, so ranks that wait on the sender fail at once. */
+/* bit 59 set = failure notice: the sender's part of collective `seq` failed because a peer
+ * died; the payload says why, so ranks that wait on the sender fail at once. */
 #define TAG_CTRL_FAIL (1ull << 59)
 static inline uint64_t tag_ctrl(uint64_t seq) { return ((uint64_t)TAG_KIND_CTRL << 62) | seq; }
 static inline uint64_t tag_ctrl_seq(uint64_t tag) { return tag & ((1ull << 42) - 1); }

@@ -107,8 +107,9 @@ void xccl_work_finish(xccl_work_t *w, xccl_status_t st, const char *msg)
     if (st < 0) {
         const char *m = msg ? msg : xccl_last_error();
         w->errmsg     = strdup(m && *m ? m : xccl_status_string(st));
-        /* peers waiting on this rank's part would otherwise only time out */
-        if (w->kind == WORK_COLL && (st == XCCL_ERR_REMOTE || st == XCCL_ERR_TIMEOUT))
+        /* peers waiting on this rank's part would otherwise only time out (a timeout needs no
+         * notice: every rank waiting on the stalled one times out on its own and says so) */
+        if (w->kind == WORK_COLL && st == XCCL_ERR_REMOTE)
             xccl_coll_notify_failure(w, w->errmsg ? w->errmsg : "failure");
         /* retire every request still out: posted ones are unlinked, transport-held ones are
          * dropped with their connection (xccl_req_cancel) */
