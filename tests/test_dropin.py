@@ -44,10 +44,11 @@ def worker(rank, size, init):
     elif rank == 1:
         x = torch.zeros(1)
         dist.recv(x, src=0)
-        print("recv", x.tolist(), flush=True)
+        os.write(1, f"recv {x.tolist()}\n".encode())  # one write: ranks share the pipe
     dist.barrier()
-    print(rank, t.tolist(), [x.tolist() for x in g], b.tolist(), out.tolist(), rs.tolist(),
-          objs, flush=True)
+    line = f"{rank} {t.tolist()} {[x.tolist() for x in g]} {b.tolist()} {out.tolist()} "
+    line += f"{rs.tolist()} {objs}\n"
+    os.write(1, line.encode())
     dist.destroy_process_group()
 
 if __name__ == "__main__":
