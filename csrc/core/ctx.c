@@ -827,7 +827,7 @@ static void *progress_thread_main(void *arg)
             /* nothing to drive, or a waiter drives: sleep, waking now and then for deadlines */
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_nsec += 20 * 1000000;
+            ts.tv_nsec += (ctx->nasync > 0 ? 2 : 20) * 1000000; /* tick: see count_async */
             if (ts.tv_nsec >= 1000000000) {
                 ts.tv_sec++;
                 ts.tv_nsec -= 1000000000;

@@ -60,20 +60,23 @@ void xccl_work_release(xccl_work_t *w)
     free(w);
 }
 
-static void count_async(xccl_ctx_t *ctx, xccl_work_t *w)
+/* Counts w for the background progress thread. `urgent` (a completion callback is waiting)
+ * wakes the thread now; otherwise it picks the Work up on its next tick, so an operation that
+ * its caller waits for right away never pays a thread wake-up (costly on small VMs). */
+static void count_async(xccl_ctx_t *ctx, xccl_work_t *w, int urgent)
 {
     if (w->async_counted) return;
     w->async_counted = 1;
     ctx->nasync++;
     xccl_ctx_start_thread(ctx);
-    if (ctx->nwaiters == 0) pthread_cond_signal(&ctx->cond);
+    if (urgent && ctx->nwaiters == 0) pthread_cond_signal(&ctx->cond);
 }
 
 void xccl_work_activate(xccl_work_t *w, int blocking)
 {
     xccl_ctx_t *ctx = w->comm->ctx;
 
-    if (!blocking) count_async(ctx, w);
+    if (!blocking) count_async(ctx, w, 0);
     w->active      = 1;
     w->deadline_ms = xccl_now_ms() + w->timeout_ms;
     w->next        = NULL;
@@ -273,7 +276,7 @@ xccl_status_t xccl_work_on_complete(xccl_work_t *w, xccl_work_cb_t cb, void *arg
     if (!now) {
         w->cb     = cb;
         w->cb_arg = arg;
-        count_async(ctx, w); /* someone must drive it even if nobody waits */
+        count_async(ctx, w, 1); /* someone must drive it even if nobody waits */
     }
     pthread_mutex_unlock(&ctx->lock);
     if (now) cb(w, arg); /* queued without a callback: nothing else runs this one */
