@@ -32,15 +32,6 @@ distributed_c10d = distributed
 __all__ = [*_api, "device_mesh", "distributed"]
 
 
-def __getattr__(name: str) -> object:
-    # xccl.explain(...) without importing the teaching helpers with every `import xccl`.
-    if name == "explain":
-        from .teach import explain
-
-        return explain
-    raise AttributeError(f"module 'xccl' has no attribute {name!r}")
-
-
 _private = (
     _C,
     _all_gather_base,
