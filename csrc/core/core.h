@@ -31,10 +31,12 @@
 
 enum { TAG_KIND_P2P = 0, TAG_KIND_COLL = 1, TAG_KIND_CTRL = 2 };
 
+#define TAG_SEQ_MASK ((1ull << 42) - 1) /* sequence numbers wrap at 2^42 */
+
 static inline uint64_t tag_p2p(uint32_t tag) { return (uint64_t)tag; }
 static inline uint64_t tag_coll(uint64_t seq, uint32_t step)
 {
-    return ((uint64_t)TAG_KIND_COLL << 62) | ((seq & ((1ull << 42) - 1)) << 20) | step;
+    return ((uint64_t)TAG_KIND_COLL << 62) | ((seq & TAG_SEQ_MASK) << 20) | step;
 }
 /* CTRL tags: bit 60 set = fingerprint check (sent to the next rank by every collective so a
  * mismatch is found even when the mismatched calls would exchange no message); clear = a
@@ -44,9 +46,9 @@ static inline uint64_t tag_coll(uint64_t seq, uint32_t step)
  * died; the payload says why, so ranks that wait on the sender fail at once. */
 #define TAG_CTRL_FAIL (1ull << 59)
 static inline uint64_t tag_ctrl(uint64_t seq) { return ((uint64_t)TAG_KIND_CTRL << 62) | seq; }
-static inline uint64_t tag_ctrl_seq(uint64_t tag) { return tag & ((1ull << 42) - 1); }
+static inline uint64_t tag_ctrl_seq(uint64_t tag) { return tag & TAG_SEQ_MASK; }
 static inline int      tag_kind(uint64_t tag) { return (int)(tag >> 62); }
-static inline uint64_t tag_seq(uint64_t tag) { return (tag >> 20) & ((1ull << 42) - 1); }
+static inline uint64_t tag_seq(uint64_t tag) { return (tag >> 20) & TAG_SEQ_MASK; }
 static inline uint32_t tag_step(uint64_t tag) { return (uint32_t)(tag & XCCL_STEP_MAX); }
 
 /* Fingerprint of a collective call: coll(4) dtype(4) op(4) root(12) count(40). */
@@ -60,6 +62,9 @@ typedef struct xccl_req  xccl_req_t;
 typedef struct xccl_umsg xccl_umsg_t;
 
 typedef enum { REQ_SEND, REQ_RECV } req_kind_t;
+
+/* Request states: in the posted queue, held by a transport, finished. */
+enum { REQ_POSTED = 1, REQ_ACTIVE = 2, REQ_DONE = 3 };
 
 /* One send or receive. Sends live in a transport until send_done; receives sit in the posted
  * queue until a message matches, then in a transport until recv_done. */

@@ -179,7 +179,7 @@ size_t xccl_comm_flight_dump(xccl_comm_t *comm, char *buf, size_t len)
         OUT("%6llu  %-16s %-14s %-10s %10.1f  ", (unsigned long long)w->seq, w->name,
             xccl_work_algo(w), "pending", (double)(now - w->t_enq) / 1e6);
         for (xccl_req_t *r = list; r != NULL; r = w->kind == WORK_P2P ? NULL : r->wnext) {
-            if (r->state == 3 /* done */) continue;
+            if (r->state == REQ_DONE) continue;
             if (r->peer == XCCL_ANY_SOURCE) OUT("recv<-any ");
             else
                 OUT("%s%d ", r->kind == REQ_SEND ? "send->" : "recv<-",

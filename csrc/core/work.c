@@ -16,8 +16,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { REQ_POSTED = 1, REQ_ACTIVE = 2, REQ_DONE = 3 };
-
 xccl_work_t *xccl_work_new(xccl_comm_t *comm, work_kind_t kind, const char *name,
                            int64_t timeout_ms)
 {
