@@ -129,7 +129,9 @@ void xccl_work_finish(xccl_work_t *w, xccl_status_t st, const char *msg)
     /* the active list's reference moves to the callback list */
     w->cnext       = ctx->done_head;
     ctx->done_head = w;
-    pthread_cond_broadcast(&ctx->cond);
+    /* only a callback needs the thread (a waiter runs callbacks itself); waking it for every
+     * finished operation costs a context switch per call on small machines */
+    if (w->cb != NULL && ctx->nwaiters == 0) pthread_cond_signal(&ctx->cond);
 }
 
 /* The message of a failed request: the transport's reason for its peer when there is one. */
@@ -332,7 +334,10 @@ xccl_status_t xccl_work_wait(xccl_work_t *w, int64_t slice_ms)
         pthread_mutex_lock(&ctx->lock);
     }
     ctx->nwaiters--;
-    if (ctx->nwaiters == 0) pthread_cond_broadcast(&ctx->cond);
+    /* the last waiter hands progress back to the thread (if it has async work) or lets a
+     * closing context go on */
+    if (ctx->nwaiters == 0 && (ctx->nasync > 0 || ctx->stopping))
+        pthread_cond_broadcast(&ctx->cond);
     pthread_mutex_unlock(&ctx->lock);
     xccl_ctx_run_callbacks(ctx);
     return atomic_load(&w->status);
