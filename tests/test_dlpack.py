@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import datetime
 import gc
 import threading
@@ -124,6 +125,83 @@ def test_versioned_asks_for_1_1_and_falls_back_on_type_error():
     wrapped = LegacyOnly(Producer.of_values("f", [1.0]))
     assert _C.buffer_info(wrapped)[0] == "float32"
     assert wrapped.calls == 1
+
+
+def test_torch_goes_through_the_c_exchange_table(monkeypatch):
+    # torch publishes DLPack's C exchange table: the consumer must use it (no Python-level
+    # __dlpack__ call) and still get the same answer, and the writes must reach the tensor.
+    if not hasattr(torch.Tensor, "__dlpack_c_exchange_api__"):
+        pytest.skip("this torch has no DLPack C exchange table")
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("__dlpack__ called although the exchange table exists")
+
+    t = torch.zeros(3, 4)
+    monkeypatch.setattr(torch.Tensor, "__dlpack__", refuse)
+    assert _C.buffer_info(t) == ("float32", 12, "cpu", False)
+    assert _C.buffer_info(t[1:]) == ("float32", 8, "cpu", False)
+
+
+def test_exchange_table_leaves_vetting_to_the_producer():
+    # What DLPack cannot describe takes the capsule route, so torch's own checks still apply.
+    if not hasattr(torch.Tensor, "__dlpack_c_exchange_api__"):
+        pytest.skip("this torch has no DLPack C exchange table")
+    with pytest.raises(BufferError, match="conjugate"):
+        _C.buffer_info(torch.ones(2, dtype=torch.complex64).conj())
+    with pytest.raises(BufferError, match="layout"):
+        _C.buffer_info(torch.ones(2).to_sparse())
+    assert _C.buffer_info(torch.ones(2, dtype=torch.complex64)) == ("complex64", 2, "cpu", False)
+
+
+class _Header(ctypes.Structure):
+    pass
+
+
+_Header._fields_ = [
+    ("major", ctypes.c_uint32),
+    ("minor", ctypes.c_uint32),
+    ("prev_api", ctypes.POINTER(_Header)),
+]
+
+
+_FROM_PY = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+_future_calls: list[int] = []
+
+
+@_FROM_PY
+def _future_from_py(obj: int, out: int) -> int:
+    _future_calls.append(obj)
+    return -1
+
+
+class _FutureTable(ctypes.Structure):
+    # a DLPack 99.x table with no older version chained: unusable, so __dlpack__ is used
+    _fields_ = [
+        ("header", _Header),
+        ("allocator", ctypes.c_void_p),
+        ("from_py", _FROM_PY),
+        ("rest", ctypes.c_void_p * 3),
+    ]
+
+
+_FUTURE = _FutureTable(from_py=_future_from_py)
+_FUTURE.header.major = 99
+
+
+class FutureProducer(Producer):
+    pass
+
+
+FutureProducer.__dlpack_c_exchange_api__ = ctypes.pythonapi.PyCapsule_New(
+    ctypes.addressof(_FUTURE), b"dlpack_exchange_api", None
+)
+
+
+def test_exchange_table_of_unknown_major_version_is_ignored():
+    p = FutureProducer.of_values("i", [4, 5])
+    assert _C.buffer_info(p) == ("int32", 2, "cpu", False)
+    gc.collect()
+    assert (p.exported, p.deleted, _future_calls) == (1, 1, [])
 
 
 def test_unconsumed_capsule_is_freed_by_its_producer():

@@ -103,4 +103,28 @@ typedef struct DLManagedTensorVersioned {
 #define DLPACK_CAPSULE_USED_LEGACY    "used_dltensor"
 #define DLPACK_CAPSULE_USED_VERSIONED "used_dltensor_versioned"
 
+/* The C exchange table (DLPack 1.3): a framework may publish, as a capsule named
+ * "dlpack_exchange_api" in the type attribute __dlpack_c_exchange_api__, C functions that export
+ * its tensors without a Python-level __dlpack__ call. `version` is the DLPack version the table
+ * follows; `prev_api` chains to tables of older versions. Only the function xccl calls is
+ * typed; the others stay opaque pointers that keep the layout. */
+#define DLPACK_EXCHANGE_API_ATTR    "__dlpack_c_exchange_api__"
+#define DLPACK_EXCHANGE_API_CAPSULE "dlpack_exchange_api"
+
+typedef struct DLPackExchangeAPIHeader {
+    DLPackVersion                   version;
+    struct DLPackExchangeAPIHeader *prev_api;
+} DLPackExchangeAPIHeader;
+
+typedef struct {
+    DLPackExchangeAPIHeader header;
+    void                   *managed_tensor_allocator;
+    /* An owning versioned tensor for a Python object of the table's type: 0, or -1 with a
+     * Python exception set. No stream synchronisation (irrelevant for host memory). */
+    int (*managed_tensor_from_py_object_no_sync)(void *py_object, DLManagedTensorVersioned **out);
+    void *managed_tensor_to_py_object_no_sync;
+    void *dltensor_from_py_object_no_sync;
+    void *current_work_stream;
+} DLPackExchangeAPI;
+
 #endif /* XCCL_PYEXT_DLPACK_H */
