@@ -222,34 +222,39 @@ static int take_exchange(PyObject *obj, xccl_py_tensor_t *t)
     return 0;
 }
 
-/* Calls obj.__dlpack__, versioned first. Returns a new reference to the capsule. */
+/* Calls obj.__dlpack__, versioned first. Returns a new reference to the capsule. The method
+ * name, the version tuple and the keyword-name tuple are built once (GIL held). */
 static PyObject *export_capsule(PyObject *obj, const char *what)
 {
-    PyObject *meth = PyObject_GetAttrString(obj, "__dlpack__");
-    PyObject *args = NULL;
-    PyObject *kwargs;
-    PyObject *cap  = NULL;
+    static PyObject *name, *version, *kwnames;
+    PyObject        *slots[3] = {NULL, obj, NULL}; /* slots[0]: scratch the callee may use */
+    PyObject        *cap;
 
-    if (meth == NULL) {
-        if (PyErr_ExceptionMatches(PyExc_AttributeError)) {
-            PyErr_Clear();
-            PyErr_Format(PyExc_TypeError,
-                         "%s: expected a tensor or array supporting DLPack (__dlpack__), "
-                         "got %.200s",
-                         what, Py_TYPE(obj)->tp_name);
+    if (name == NULL) {
+        name    = PyUnicode_InternFromString("__dlpack__");
+        version = Py_BuildValue("(ii)", XCCL_DLPACK_MAJOR, XCCL_DLPACK_MINOR);
+        kwnames = Py_BuildValue("(s)", "max_version");
+        if (name == NULL || version == NULL || kwnames == NULL) {
+            Py_CLEAR(name);
+            Py_CLEAR(version);
+            Py_CLEAR(kwnames);
+            return NULL;
         }
+    }
+    slots[2] = version;
+    cap = PyObject_VectorcallMethod(name, slots + 1, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, kwnames);
+    if (cap == NULL && PyErr_ExceptionMatches(PyExc_AttributeError) &&
+        !PyObject_HasAttr(obj, name)) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError,
+                     "%s: expected a tensor or array supporting DLPack (__dlpack__), got %.200s",
+                     what, Py_TYPE(obj)->tp_name);
         return NULL;
     }
-    kwargs = Py_BuildValue("{s:(ii)}", "max_version", XCCL_DLPACK_MAJOR, XCCL_DLPACK_MINOR);
-    args   = PyTuple_New(0);
-    if (kwargs != NULL && args != NULL) cap = PyObject_Call(meth, args, kwargs);
     if (cap == NULL && PyErr_ExceptionMatches(PyExc_TypeError)) {
         PyErr_Clear(); /* a producer predating DLPack 1.0: no max_version keyword */
-        cap = PyObject_CallNoArgs(meth);
+        cap = PyObject_VectorcallMethod(name, slots + 1, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
     }
-    Py_XDECREF(kwargs);
-    Py_XDECREF(args);
-    Py_DECREF(meth);
     return cap;
 }
 
