@@ -246,6 +246,7 @@ int xccl_coll_ctrl_arrived(xccl_ctx_t *ctx, xccl_umsg_t *u)
     char         mine[160], theirs[160], msg[1200];
     int          peer;
 
+    if (u->hdr.tag & (TAG_CTRL_DIAG | TAG_CTRL_DIAG_REPLY)) return xccl_diag_ctrl_arrived(ctx, u);
     if (comm == NULL) return 0; /* a communicator this rank has not created yet */
     if (comm->destroyed) return 1;
     w = find_coll(comm, seq);

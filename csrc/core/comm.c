@@ -56,6 +56,7 @@ xccl_status_t xccl_comm_create(const xccl_comm_config_t *cfg, xccl_comm_t **out)
     c->timeout_ms = c2.timeout_ms;
     ctx->comms    = c;
     *out          = c;
+    xccl_diag_comm_ready(c); /* idle ranks answer hang-diagnosis queries */
     XCCL_INFO("comm '%s' rank %d/%d created (job %016llx)", c->name, c->rank, c->size,
               (unsigned long long)c->id);
     return XCCL_OK;

@@ -269,4 +269,27 @@ void          xccl_flight_record(xccl_work_t *w);
 /* transport.c: the only file that names backends. */
 const xccl_transport_ops_t *const *xccl_transport_list(void);
 
+/* ---- diag.c: cross-rank hang diagnosis (who waits for whom, on a timeout) ------------------ */
+/* CTRL tag bits of the state query (bit 58) and its answer (bit 57); the seq field carries the
+ * asker's query id. Consumed at match time by xccl_coll_ctrl_arrived -> xccl_diag_ctrl_arrived. */
+#define TAG_CTRL_DIAG       (1ull << 58)
+#define TAG_CTRL_DIAG_REPLY (1ull << 57)
+/* A query (answered at once with this rank's row) or an answer arrived. Lock held. Returns 1:
+ * the message is consumed. */
+int           xccl_diag_ctrl_arrived(xccl_ctx_t *ctx, xccl_umsg_t *u);
+/* This rank's row for comm: its active operations and whom they wait for, or "idle, last
+ * finished #N op". Lock held. Returns the length written (buf is NUL-terminated). */
+size_t        xccl_diag_row(const xccl_comm_t *comm, char *buf, size_t len);
+/* Asks every other member of comm for its row, waits up to wait_ms (less once all answered or
+ * are dead) and writes "\nwhere the N ranks of comm ... are:" plus one row per rank into buf.
+ * Lock held (kept throughout; the transports are pumped here). Returns the length written. */
+size_t        xccl_diag_table(xccl_comm_t *comm, int64_t wait_ms, char *buf, size_t len);
+/* How long a timeout of timeout_ms collects answers: min(1 s, timeout / 4), at least 100 ms;
+ * $XCCL_DIAG_WAIT_MS overrides (0: no table). */
+int64_t       xccl_diag_wait_ms(int64_t timeout_ms);
+/* A communicator was created: starts the progress thread so that this rank answers queries
+ * while idle. Lock NOT held. */
+void          xccl_diag_comm_ready(xccl_comm_t *comm);
+/* ---- end of diag.c ------------------------------------------------------------------------- */
+
 #endif /* XCCL_CORE_CORE_H */

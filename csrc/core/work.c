@@ -189,7 +189,7 @@ void xccl_work_progress_locked(xccl_work_t *w)
 
 void xccl_work_expire(xccl_work_t *w)
 {
-    char        msg[1024];
+    char        msg[4096];
     size_t      off = 0;
     int         shown = 0;
     xccl_req_t *list  = w->kind == WORK_P2P ? w->req : w->task.reqs;
@@ -217,6 +217,9 @@ void xccl_work_expire(xccl_work_t *w)
                                     r->state == REQ_ACTIVE ? "in transfer" : "not started",
                                     r->nbytes);
     }
+    /* diag.c: where every member is; may take a moment, during which w may fail otherwise */
+    off += xccl_diag_table(w->comm, xccl_diag_wait_ms(w->timeout_ms), msg + off, sizeof(msg) - off);
+    if (!w->active) return;
     (void)xccl_error_report(XCCL_ERR_TIMEOUT, __FILE__, __LINE__, "%s", msg);
     xccl_work_finish(w, XCCL_ERR_TIMEOUT, msg);
 }

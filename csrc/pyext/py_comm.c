@@ -900,6 +900,9 @@ static PyMethodDef comm_methods[] = {
      "trace_dropped() -> events lost to a full buffer since tracing started."},
     {"flight_dump", xccl_py_comm_flight_dump, METH_NOARGS,
      "flight_dump() -> str: the flight recorder's table of recent and pending operations."},
+    {"diag_table", xccl_py_comm_diag_table, METH_O,
+     "diag_table(wait_s) -> str: every member's pending operations, asked now (waits up to "
+     "wait_s for answers)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -245,3 +245,25 @@ PyObject *xccl_py_comm_flight_dump(PyObject *self, PyObject *unused)
     PyMem_Free(buf);
     return text;
 }
+
+/* diag_table(wait): the rows of every member, asked now (the GIL is released while answers
+ * come in, for up to `wait` seconds). */
+PyObject *xccl_py_comm_diag_table(PyObject *self, PyObject *arg)
+{
+    enum { DIAG_BYTES = 64 * 1024 };
+    xccl_comm_t *comm;
+    double       wait = PyFloat_AsDouble(arg);
+    char        *buf;
+    size_t       n;
+    PyObject    *text;
+
+    if (wait == -1.0 && PyErr_Occurred()) return NULL;
+    if ((comm = live(self, "diag_table")) == NULL) return NULL;
+    if ((buf = PyMem_Malloc(DIAG_BYTES)) == NULL) return PyErr_NoMemory();
+    Py_BEGIN_ALLOW_THREADS
+    n = xccl_comm_diag_table(comm, wait > 0 ? (int64_t)(wait * 1000.0) : 0, buf, DIAG_BYTES);
+    Py_END_ALLOW_THREADS
+    text = PyUnicode_DecodeUTF8(buf, (Py_ssize_t)n, "replace");
+    PyMem_Free(buf);
+    return text;
+}

@@ -201,3 +201,7 @@ class Comm:
         """The flight recorder as a text table: the last operations of the communicator
         (seq, operation, algo, state, age_ms) and, for pending ones, whom they wait for
         ("send->2 recv<-1")."""
+    def diag_table(self, wait_s: float) -> str:
+        """Asks every member now where it stands (pending operations and whom they wait for,
+        or its last finished one): one row per rank, as a timeout's error shows them. Waits
+        up to `wait_s` for answers; nothing is needed from the other ranks' callers."""

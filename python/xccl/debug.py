@@ -7,6 +7,9 @@ operation, algorithm, final state, age) and, for the ones still pending, what th
 - :func:`dump` prints it, for every process group of this process (of this rank's thread in
   ``xccl.launch(mode="threads")``); with ``all_ranks=True``, called by every rank, rank 0
   prints one table of every rank.
+- :func:`ask_ranks` (``dump(ask=True)``): from one rank alone, asks every member of each
+  group over its communicator where it stands, the table a timeout's error carries; works in
+  any job (the other ranks answer from their progress thread, whatever they are doing).
 - :func:`waits_table` turns the dumps of several ranks (and their errors) into one table of
   who is waiting in which operation for whom; :func:`xccl.launch` puts it into the error it
   raises when a run times out, fails while others are stuck, or is interrupted.
@@ -24,7 +27,7 @@ import threading
 import weakref
 from typing import Any, Optional, TextIO
 
-__all__ = ["dump", "flight_records", "local_dump", "parse_flight", "waits_table"]
+__all__ = ["ask_ranks", "dump", "flight_records", "local_dump", "parse_flight", "waits_table"]
 
 _HEADER = re.compile(r"^comm '(?P<comm>.*)' rank (?P<rank>\d+)/(?P<size>\d+)\s*$")
 _ROW = re.compile(
@@ -169,15 +172,43 @@ def waits_table(
     return out.getvalue()
 
 
-def dump(group: Any = None, file: Optional[TextIO] = None, all_ranks: bool = False) -> str:
+def ask_ranks(group: Any = None, wait: float = 0.5) -> str:
+    """Asks, from this rank alone, every member of every live process group of this process
+    (or of `group`) where it stands, over the group's communicator, and returns one block per
+    group: "rank N: all_reduce #12 (ring) waiting for recv from rank 1", "rank N: idle, last
+    finished #11 barrier", or "rank N: no answer ...". Waits up to `wait` seconds per group
+    (less once everyone answered). Ranks are those of the group."""
+    blocks = []
+    for pg in _groups(group):
+        comm = pg._comm
+        if comm is None:
+            continue
+        try:
+            text = comm.diag_table(float(wait)).strip("\n")
+        except Exception as exc:  # a communicator destroyed meanwhile
+            text = f"comm {pg.group_name!r}: cannot ask its ranks ({exc})"
+        if text:
+            blocks.append(text)
+    return "\n".join(blocks) + ("\n" if blocks else "")
+
+
+def dump(
+    group: Any = None, file: Optional[TextIO] = None, all_ranks: bool = False, ask: bool = False
+) -> str:
     """Prints (to `file`, default stdout) and returns the flight recorder of this process's
     process groups (or of `group`).
 
     With ``all_ranks=True`` every rank of the default group must call it: the dumps travel
     through the default group's store (not through the communicators, which may be stuck),
     and rank 0 prints one :func:`waits_table` of every rank followed by each rank's recorder;
-    the other ranks print nothing and return their own dump."""
+    the other ranks print nothing and return their own dump.
+
+    With ``ask=True`` (and ``all_ranks=False``) this rank alone also asks every member of
+    each group where it stands (:func:`ask_ranks`) and appends that table: no other rank
+    needs to call anything, in any job."""
     text = local_dump(group)
+    if ask and not all_ranks:
+        text += ask_ranks(group)
     if not all_ranks:
         print(text if text else "xccl: no process group in this process", end="" if text else
               "\n", file=file or sys.stdout)

@@ -358,6 +358,14 @@ uint64_t      xccl_comm_trace_dropped(const xccl_comm_t *comm);
  * len - 1, always NUL-terminated). */
 size_t xccl_comm_flight_dump(xccl_comm_t *comm, char *buf, size_t len);
 
+/* Hang diagnosis: asks every other member of the communicator where it stands (its pending
+ * operations and whom they wait for, or the last one it finished) and writes one row per rank,
+ * the table a timeout appends to its error. Needs nothing from the other ranks' callers: they
+ * answer from their progress (a waiting thread or the progress thread). Blocks up to wait_ms
+ * (less once every member answered or is known dead). Returns the length written (truncated to
+ * len - 1, always NUL-terminated; 0 for a single-rank or destroyed communicator). */
+size_t xccl_comm_diag_table(xccl_comm_t *comm, int64_t wait_ms, char *buf, size_t len);
+
 #ifdef __cplusplus
 }
 #endif
