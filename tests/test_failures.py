@@ -84,6 +84,27 @@ def test_mismatch_named_on_every_rank():
         assert "mismatch" in m and "all_reduce" in m and "broadcast" in m, m
 
 
+def body_silent_mismatch(rank, world_size):
+    import xccl
+
+    # neither call sends anything before it waits (a reduce root and a broadcast leaf only
+    # receive from each other): only the fingerprint check message can reveal the mismatch
+    x = np.zeros(4, np.float32)
+    t0 = time.monotonic()
+    with pytest.raises(xccl.XcclMismatchError) as info:
+        if rank == 0:
+            xccl.reduce(x, dst=0, algo="linear")
+        else:
+            xccl.broadcast(x, src=0, algo="linear")
+    return str(info.value), time.monotonic() - t0
+
+
+def test_mismatch_found_when_no_data_moves():
+    for msg, waited in run_spmd(body_silent_mismatch, 2, timeout=60, pg_timeout=20):
+        assert "mismatch" in msg and "reduce" in msg and "broadcast" in msg, msg
+        assert waited < 10, waited  # found at once, not by the 20 s timeout
+
+
 BIG = (1 << 31) + 4099  # more than 2 GiB, not a multiple of anything convenient
 
 

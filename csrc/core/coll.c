@@ -143,6 +143,7 @@ static xccl_status_t task_post(xccl_task_t *t, req_kind_t kind, int peer, void *
     r->wnext = t->reqs;
     t->reqs  = r;
     t->npending++;
+    if (kind == REQ_SEND && peer == (comm->rank + 1) % comm->size) t->sent_next = 1;
     st = kind == REQ_SEND ? xccl_req_post_send(comm->ctx, r) : xccl_req_post_recv(comm->ctx, r);
     if (st < 0) {
         r->state  = REQ_DONE;
@@ -460,6 +461,7 @@ static xccl_status_t coll_post(xccl_comm_t *comm, xccl_coll_args_t *a, xccl_op_t
     xccl_ctx_t        *ctx;
     xccl_status_t      st;
     int                blocking = opts ? opts->blocking : 0;
+    int                started;
 
     XCCL_CHECK(comm_usable(comm, name));
     if (out == NULL) return XCCL_ERROR(XCCL_ERR_INVALID_ARG, "%s: out is NULL", name);
@@ -496,9 +498,12 @@ static xccl_status_t coll_post(xccl_comm_t *comm, xccl_coll_args_t *a, xccl_op_t
             if (xccl_coll_ctrl_arrived(ctx, u)) xccl_umsg_drop(ctx, u);
         }
     }
-    /* the fingerprint check to the next rank (see TAG_CTRL_CHECK) */
-    if (w->active && comm->size > 1) send_ctrl(comm, (comm->rank + 1) % comm->size, w->seq, w->fp, NULL);
-    if (w->active) xccl_work_progress_locked(w); /* eager start */
+    started = w->active;
+    if (started) xccl_work_progress_locked(w); /* eager start */
+    /* the fingerprint check to the next rank (see TAG_CTRL_CHECK), unless the start already
+     * sent it a message of this operation, which carries the same fingerprint */
+    if (started && !w->task.sent_next && comm->size > 1)
+        send_ctrl(comm, (comm->rank + 1) % comm->size, w->seq, w->fp, NULL);
     pthread_mutex_unlock(&ctx->lock);
     xccl_ctx_run_callbacks(ctx);
     *out = w;

@@ -38,9 +38,10 @@ static inline uint64_t tag_coll(uint64_t seq, uint32_t step)
 {
     return ((uint64_t)TAG_KIND_COLL << 62) | ((seq & TAG_SEQ_MASK) << 20) | step;
 }
-/* CTRL tags: bit 60 set = fingerprint check (sent to the next rank by every collective so a
- * mismatch is found even when the mismatched calls would exchange no message); clear = a
- * mismatch notice whose payload is the notifier's message. */
+/* CTRL tags: bit 60 set = fingerprint check (sent to the next rank by every collective whose
+ * start sent that rank no data message - which carries the fingerprint too - so a mismatch is
+ * found even when the mismatched calls would exchange no message); clear = a mismatch notice
+ * whose payload is the notifier's message. */
 #define TAG_CTRL_CHECK (1ull << 60)
 /* bit 59 set = failure notice: the sender's part of collective `seq` failed because a peer
  * died; the payload says why, so ranks that wait on the sender fail at once. */
@@ -143,6 +144,7 @@ struct xccl_task {
     int                npending;
     void              *scratch;
     size_t             scratch_len;
+    int                sent_next; /* a message of this operation went to rank + 1        */
     xccl_work_t       *work;
 };
 
