@@ -72,6 +72,7 @@
 #include <string.h>
 #include <time.h>
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <sys/mman.h>
@@ -93,6 +94,7 @@
 #define SHM_RECV_MSGS    64                   /* messages per peer per progress pass       */
 #define SHM_LIVENESS_MS  100
 #define SHM_WIRE_SLEEP_US 1000
+#define SHM_ORPHAN_AGE_S  2 /* an unlocked segment older than this has a dead owner */
 
 typedef enum shm_peer_state {
     SHM_P_IDLE = 0, /* not wired up (or not used)                                         */
@@ -293,6 +295,40 @@ static uint64_t shm_hdr_bytes(int size)
     return (n + 4095) & ~(uint64_t)4095;
 }
 
+/* Removes segments whose owner died before it could unlink the name (killed between creating
+ * its segment and wire-up): no process holds their lock any more. Only our user's files named
+ * like ours, and only ones older than SHM_ORPHAN_AGE_S (an owner locks its segment right after
+ * creating it, so a younger unlocked one may be one being created). The lock tells, not the
+ * pid in the name, which means nothing in another pid namespace sharing /dev/shm. */
+static void shm_sweep_orphans(int rank)
+{
+    DIR           *d = opendir("/dev/shm");
+    struct dirent *e;
+    time_t         now = time(NULL);
+
+    if (d == NULL) return;
+    while ((e = readdir(d)) != NULL) {
+        struct stat  st;
+        struct flock fl;
+        char         name[SHM_NAME_MAX];
+        int          fd;
+
+        if (strncmp(e->d_name, SHM_NAME_PREFIX, strlen(SHM_NAME_PREFIX)) != 0) continue;
+        fd = openat(dirfd(d), e->d_name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+        if (fd < 0) continue;
+        memset(&fl, 0, sizeof(fl));
+        fl.l_type   = F_WRLCK;
+        fl.l_whence = SEEK_SET;
+        if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() &&
+            now - st.st_ctime > SHM_ORPHAN_AGE_S && fcntl(fd, F_OFD_GETLK, &fl) == 0 &&
+            fl.l_type == F_UNLCK && snprintf(name, sizeof(name), "/%s", e->d_name) > 0 &&
+            shm_unlink(name) == 0)
+            XCCL_INFO("shm: rank %d: removed %s, left by a process that died", rank, name);
+        close(fd);
+    }
+    closedir(d);
+}
+
 static void shm_seg_name(char *buf, uint64_t job_id, int rank)
 {
     snprintf(buf, SHM_NAME_MAX, "/" SHM_NAME_PREFIX "%016" PRIx64 "-%d-%d", job_id, rank,
@@ -331,6 +367,8 @@ static void shm_fail_peer(xccl_tp_ctx_t *ctx, int peer, xccl_status_t st, uint32
         atomic_store(&p->out.ctl->prod_wants, 0);
         shm_bell(p->seg);
     }
+    /* the failed requests' messages (the core reads the thread's last error) say why */
+    (void)xccl_error_set(st, "%s", why);
     lists[0]   = p->cq_head; /* CMA sends were posted first */
     lists[1]   = p->sq_head;
     p->cq_head = p->cq_tail = p->sq_head = p->sq_tail = NULL;
@@ -768,10 +806,17 @@ static void shm_check_liveness(xccl_tp_ctx_t *ctx, int *nev)
         if (ctx->pfds[i].revents != 0) shm_peer_exited(ctx, ctx->pfd_peer[i], nev);
 }
 
-/* The peer closed the pair (finalize, close_peer, a refused message). */
+/* The peer closed the pair (finalize, close_peer, a refused message). A live peer drops a
+ * pair mostly because a third rank died in an operation they shared: look for dead peers
+ * first, so that operations fail naming the cause rather than the messenger. */
 static void shm_peer_closed(xccl_tp_ctx_t *ctx, int peer, uint32_t how, int *nev)
 {
     char why[160];
+
+    if (how != SHM_FINALIZED) {
+        shm_check_liveness(ctx, nev);
+        if (atomic_load(&ctx->peers[peer].state) != SHM_P_UP) return;
+    }
 
     shm_reap_cma(ctx, peer, nev); /* cma_done is final: what it pulled before closing is done */
     shm_consume(ctx, peer, 1, nev);
@@ -1202,6 +1247,7 @@ static xccl_status_t shm_init(const xccl_tp_init_params_t *params, xccl_tp_ctx_t
     ctx->ring_bytes = shm_ring_size(nlocal);
     ctx->hdr_bytes  = shm_hdr_bytes(ctx->size);
     ctx->seg_bytes  = ctx->hdr_bytes + (uint64_t)nlocal * (SHM_CTL_BYTES + ctx->ring_bytes);
+    shm_sweep_orphans(ctx->rank);
     shm_seg_name(ctx->name, ctx->job_id, ctx->rank);
     ctx->fd = shm_open(ctx->name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (ctx->fd < 0) {
@@ -1217,6 +1263,16 @@ static xccl_status_t shm_init(const xccl_tp_init_params_t *params, xccl_tp_ctx_t
         goto fail;
     }
     ctx->linked = 1;
+    {
+        /* held until we exit or finalize, taken first thing: how peers in another pid
+         * namespace see us alive, and what tells shm_sweep_orphans the segment is in use */
+        struct flock fl;
+        memset(&fl, 0, sizeof(fl));
+        fl.l_type   = F_WRLCK;
+        fl.l_whence = SEEK_SET;
+        if (fcntl(ctx->fd, F_OFD_SETLK, &fl) != 0)
+            XCCL_INFO("shm: rank %d: cannot lock %s (%s)", ctx->rank, ctx->name, strerror(errno));
+    }
     /* reserve the pages now: a full /dev/shm fails here rather than with SIGBUS later */
     e = ftruncate(ctx->fd, (off_t)ctx->seg_bytes) != 0
             ? errno
@@ -1227,15 +1283,6 @@ static xccl_status_t shm_init(const xccl_tp_init_params_t *params, xccl_tp_ctx_t
                   ctx->rank, ctx->seg_bytes >> 10, strerror(e));
         st = XCCL_ERR_NOT_SUPPORTED;
         goto fail;
-    }
-    {
-        /* held until we exit or finalize: how peers in another pid namespace see us alive */
-        struct flock fl;
-        memset(&fl, 0, sizeof(fl));
-        fl.l_type   = F_WRLCK;
-        fl.l_whence = SEEK_SET;
-        if (fcntl(ctx->fd, F_OFD_SETLK, &fl) != 0)
-            XCCL_INFO("shm: rank %d: cannot lock %s (%s)", ctx->rank, ctx->name, strerror(errno));
     }
     ctx->seg = mmap(NULL, (size_t)ctx->seg_bytes, PROT_READ | PROT_WRITE,
                     MAP_SHARED | MAP_POPULATE, ctx->fd, 0);

@@ -141,10 +141,20 @@ static const char *req_error(xccl_ctx_t *ctx, const xccl_req_t *r, char *buf, si
     const char *why   = world >= 0 && world < ctx->size ? ctx->peer_dead[world] : NULL;
     const char *last  = xccl_last_error();
 
+    const xccl_comm_t *comm = r->work->comm;
+    size_t             off;
+
     if (r->status == XCCL_ERR_INVALID_USAGE && last && *last) return last;
-    snprintf(buf, len, "%s rank %d failed: %s", r->kind == REQ_SEND ? "send to" : "receive from",
-             world >= 0 ? xccl_comm_rank_of_world(r->work->comm, world) : -1,
-             why ? why : (last && *last ? last : xccl_status_string(r->status)));
+    off = (size_t)snprintf(buf, len, "%s rank %d failed: %s",
+                           r->kind == REQ_SEND ? "send to" : "receive from",
+                           world >= 0 ? xccl_comm_rank_of_world(comm, world) : -1,
+                           why ? why : (last && *last ? last : xccl_status_string(r->status)));
+    /* a live peer that gave up usually did so because another member died: name that one */
+    for (int i = 0; i < comm->size && off < len; i++) {
+        const char *dead = ctx->peer_dead[comm->world[i]];
+        if (comm->world[i] != world && dead != NULL)
+            off += (size_t)snprintf(buf + off, len - off, "; rank %d had failed: %s", i, dead);
+    }
     return buf;
 }
 
