@@ -131,6 +131,8 @@ struct xccl_comm {
         uint64_t      t_enq, t_end;
     } flight[32];
     uint64_t     nflight;
+    void        *spare; /* scratch kept from a finished operation (coll.c)             */
+    size_t       spare_len;
     xccl_comm_t *next; /* ctx->comms */
 };
 
@@ -249,6 +251,9 @@ void          xccl_work_progress_locked(xccl_work_t *w);
 /* Fails a Work that passed its deadline, naming what it waits for. Lock held. */
 void          xccl_work_expire(xccl_work_t *w);
 
+/* coll.c: gives the task's scratch back to its communicator for reuse (reuse = 1; the
+ * operation succeeded, nothing can still write into it) or frees it. Lock held. */
+void          xccl_task_scratch_return(xccl_task_t *t, int reuse);
 /* coll.c: a mismatch notice (control message) is complete; 1 if it was consumed. */
 int           xccl_coll_ctrl_arrived(xccl_ctx_t *ctx, xccl_umsg_t *u);
 /* coll.c: tells the other members that this rank's part of collective w failed. */

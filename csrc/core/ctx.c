@@ -147,6 +147,7 @@ static void ctx_free(xccl_ctx_t *ctx)
         ctx->comms     = c->next;
         free(c->trace);
         free(c->world);
+        free(c->spare);
         free(c);
     }
     free(ctx->peer_dead);
