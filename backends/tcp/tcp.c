@@ -16,9 +16,11 @@
  *           PAYLOAD  bytes already staged are copied to the destination; the rest is read
  *                    straight into it (the read that finishes a message also fills the
  *                    staging buffer with what follows) -> recv_done -> HDR
- *         Level-triggered epoll plus a per-pass read budget keep one busy peer from starving
- *         the others; nothing is ever left staged without the socket being readable, so
- *         `wait` never sleeps on work already in memory.
+ *         A read that comes back short ends the connection's turn (the socket is empty; the
+ *         read that would say so costs a call per message). Level-triggered epoll plus a
+ *         per-pass read budget keep one busy peer from starving the others; nothing is ever
+ *         left staged without the socket being readable, so `wait` never sleeps on work
+ *         already in memory.
  *   Both directions are served in every pass, so two ranks sending each other large
  *   messages at once cannot deadlock on full socket buffers.
  *
@@ -61,7 +63,11 @@
 #define TCP_HANDSHAKE_MS   5000    /* one connection's handshake, once it has been accepted */
 #define TCP_MAX_PENDING    64      /* accepted, not yet identified connections during wire-up */
 #define TCP_BACKOFF_MAX_MS 100
-#define TCP_SOCKBUF_DEF    (4 << 20)
+/* $XCCL_TCP_SOCKBUF: 0 (the default) leaves the socket buffers to the kernel's autotuning.
+ * A fixed size turns autotuning off and is silently capped by net.core.[rw]mem_max (208 KiB
+ * on a stock kernel), below what autotuning reaches (net.ipv4.tcp_[rw]mem); on loopback
+ * (2 vCPUs) 4 MiB and autotuning measured the same within noise. */
+#define TCP_SOCKBUF_DEF    0
 #define TCP_NAME_LEN       (INET6_ADDRSTRLEN + 16)
 
 /* epoll_event.data.u64: kind in the high half, index (peer or pending slot) in the low. */
@@ -511,12 +517,16 @@ static void tcp_recv_complete(xccl_tp_ctx_t *ctx, tcp_peer_t *p, int *nev)
     ctx->up->recv_done(ctx->up->core, cookie, XCCL_OK);
 }
 
-/* Reads what the socket has (up to TCP_RECV_BUDGET calls), delivering whole messages. */
+/* Reads what the socket has (up to TCP_RECV_BUDGET calls), delivering whole messages. A read
+ * that comes back short has emptied the socket: the loop then only consumes what is staged and
+ * leaves the next read to the next pass (level-triggered epoll reports the socket again if
+ * more arrived), which saves the read that would only say EAGAIN, one call per message. */
 static void tcp_recv(xccl_tp_ctx_t *ctx, int peer, int *nev)
 {
-    tcp_peer_t *p      = &ctx->peers[peer];
-    int         budget = TCP_RECV_BUDGET;
-    ssize_t     r      = 0;
+    tcp_peer_t *p       = &ctx->peers[peer];
+    int         budget  = TCP_RECV_BUDGET;
+    int         drained = 0;
+    ssize_t     r       = 0;
 
     while (p->state == TCP_P_UP) {
         if (p->rstate == TCP_R_HDR) {
@@ -528,7 +538,7 @@ static void tcp_recv(xccl_tp_ctx_t *ctx, int peer, int *nev)
                 if (tcp_match(ctx, peer, nev) != 0) return;
                 continue;
             }
-            if (budget-- == 0) return;
+            if (drained || budget-- == 0) return;
             if (p->roff > 0) {
                 memmove(p->rbuf, p->rbuf + p->roff, avail);
                 p->roff = 0;
@@ -537,6 +547,7 @@ static void tcp_recv(xccl_tp_ctx_t *ctx, int peer, int *nev)
             r = recv(p->fd, p->rbuf + avail, TCP_RBUF_LEN - avail, MSG_DONTWAIT);
             if (r > 0) {
                 p->rlen += (size_t)r;
+                drained = (size_t)r < TCP_RBUF_LEN - avail;
                 continue;
             }
         } else {
@@ -552,7 +563,7 @@ static void tcp_recv(xccl_tp_ctx_t *ctx, int peer, int *nev)
                 if (p->rgot == p->rhdr.nbytes) tcp_recv_complete(ctx, p, nev);
                 continue;
             }
-            if (budget-- == 0) return;
+            if (drained || budget-- == 0) return;
             p->roff = p->rlen = 0;
             iov[0].iov_base   = p->rdst + p->rgot;
             iov[0].iov_len    = need < TCP_IO_CHUNK ? need : TCP_IO_CHUNK;
@@ -563,6 +574,7 @@ static void tcp_recv(xccl_tp_ctx_t *ctx, int peer, int *nev)
             msg.msg_iovlen = need <= TCP_IO_CHUNK ? 2 : 1; /* stage what follows this message */
             r              = recvmsg(p->fd, &msg, MSG_DONTWAIT);
             if (r > 0) {
+                drained = (size_t)r < iov[0].iov_len + (msg.msg_iovlen == 2 ? TCP_RBUF_LEN : 0);
                 if ((size_t)r > iov[0].iov_len) {
                     p->rgot += iov[0].iov_len;
                     p->rlen = (size_t)r - iov[0].iov_len;

@@ -20,9 +20,13 @@
  *                              the job wires up and works (with an auth key)
  *   missing             3      rank 1 never wires up: ranks 0 and 2 time out naming rank 1
  *   big (XCCL_TEST_BIG=1) 2    one message of 2 GiB + 4097 bytes
+ *   perf (XCCL_TEST_PERF=1) 2  timings only, printed to stderr: ping-pong half round trip at
+ *                              8 B .. 64 MiB, and both ranks streaming 64 MiB to each other
+ *                              in 512 KiB messages at once (a ring step); receives posted
  */
 #include <inttypes.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -147,6 +151,7 @@ static struct fake {
     char          failed_why[MAXR][256];
     int           order_bad; /* a message jumped the per-peer queue */
     int           callbacks_bad;
+    char         *recv_base; /* perf: every payload goes to recv_base + hdr.fp, unchecked */
 } F;
 
 static xccl_tp_ctx_t *CTX;
@@ -161,7 +166,9 @@ static xccl_status_t fake_recv_match(void *core, int peer, const xccl_msg_hdr_t 
     m = calloc(1, sizeof(*m));
     m->peer = peer;
     m->hdr  = *hdr;
-    if (F.posted[peer] != NULL && F.posted_cap[peer] >= hdr->nbytes) {
+    if (F.recv_base != NULL) {
+        m->ptr = F.recv_base + hdr->fp;
+    } else if (F.posted[peer] != NULL && F.posted_cap[peer] >= hdr->nbytes) {
         m->ptr            = F.posted[peer];
         F.posted[peer]    = NULL;
     } else if (hdr->nbytes > 0) {
@@ -1026,6 +1033,126 @@ static void job_big(int rank)
     free(p);
 }
 
+/* Like drive, but spins (progress + sched_yield) for 50 us before each sleep, as the core
+ * does (XCCL_SPIN_US), so the timings are the transport's and not the sleep's. */
+static int drive_spin(int (*cond)(void *), void *arg, int64_t timeout_ms)
+{
+    int64_t end = xccl_now_ms() + timeout_ms;
+    int64_t spin_end = (int64_t)xccl_now_ns() + 50000;
+
+    while (!cond(arg)) {
+        int nev = 0;
+        if (xccl_now_ms() > end) return 0;
+        if (TP->progress(CTX, &nev) != XCCL_OK) return 0;
+        if (nev > 0) continue;
+        if ((int64_t)xccl_now_ns() < spin_end) sched_yield();
+        else TP->wait(CTX, 2);
+    }
+    return 1;
+}
+
+/* Forgets the delivered messages; one of the next round may be arriving already. */
+static void reset_done_msgs(void)
+{
+    size_t i, kept = 0;
+
+    for (i = 0; i < F.nmsgs; i++) {
+        if (F.msgs[i]->done) {
+            if (F.msgs[i]->owned) free(F.msgs[i]->ptr);
+            free(F.msgs[i]);
+        } else {
+            F.msgs[kept++] = F.msgs[i];
+        }
+    }
+    F.nmsgs = kept;
+}
+
+static int perf_expect; /* receives this rank has been sent since the job started */
+
+static int perf_done(void *arg)
+{
+    return sends_done(arg) && F.nrecv_ok >= perf_expect;
+}
+
+/* One ping-pong round (rank 0 sends first) of n bytes, or one exchange of n bytes each way in
+ * messages of `chunk` bytes; receives land in F.recv_base. A round may end with messages of
+ * the peer's next round already in, so receives are counted since the job started. */
+static void perf_round(int rank, char *src, size_t n, size_t chunk, int pingpong)
+{
+    size_t         nmsg = chunk == 0 || n == 0 ? 1 : (n + chunk - 1) / chunk;
+    xccl_status_t *st   = malloc(nmsg * sizeof(*st));
+    sends_t        s    = {st, 0};
+
+    for (int turn = 0; turn < (pingpong ? 2 : 1); turn++) {
+        int sender = !pingpong || turn == rank;
+        if (sender) {
+            for (size_t i = 0; i < nmsg; i++) {
+                size_t         off = i * chunk;
+                size_t         len = nmsg == 1 ? n : n - off < chunk ? n - off : chunk;
+                xccl_msg_hdr_t h   = {.comm_id = 9, .tag = i, .fp = off, .nbytes = len};
+                xccl_tp_buf_t  b   = {src + off, XCCL_MEM_HOST, NULL};
+                st[i]              = XCCL_INPROGRESS;
+                CHECK(TP->isend(CTX, 1 - rank, &h, &b, &st[i]) == XCCL_OK);
+            }
+            s.n = nmsg;
+        } else {
+            s.n = 0;
+        }
+        if (!pingpong || !sender) perf_expect += (int)nmsg;
+        CHECK(drive_spin(perf_done, &s, 20000));
+        CHECK(F.nsend_err == 0 && F.nrecv_err == 0);
+        reset_done_msgs();
+    }
+    free(st);
+}
+
+static void job_perf(int rank)
+{
+    static const size_t sizes[] = {8, 4096, 65536, MiB, 16 * MiB, 64 * MiB};
+    char               *src = malloc(64 * MiB), *dst = malloc(64 * MiB);
+
+    memset(src, rank + 1, 64 * MiB);
+    memset(dst, 0, 64 * MiB); /* faulted in: the timings are the transport's */
+    setup(rank);
+    F.recv_base = dst;
+    perf_expect = 0;
+    CHECK(wire(NULL, 5000) == XCCL_OK);
+    for (int k = 0; k < (int)(sizeof(sizes) / sizeof(sizes[0])); k++) {
+        size_t  n     = sizes[k];
+        int     iters = n <= 65536 ? 2000 : n <= MiB ? 200 : 10;
+        int64_t t0;
+        double  us;
+
+        for (int i = 0; i < iters / 10 + 1; i++) perf_round(rank, src, n, 0, 1);
+        t0 = (int64_t)xccl_now_ns();
+        for (int i = 0; i < iters; i++) perf_round(rank, src, n, 0, 1);
+        us = (double)((int64_t)xccl_now_ns() - t0) / 1e3 / iters / 2;
+        if (rank == 0)
+            fprintf(stderr, "  perf pingpong %9zu B  %10.2f us  %6.3f GB/s\n", n, us,
+                    (double)n / us / 1e3);
+    }
+    {
+        size_t  n = 64 * MiB;
+        int64_t t0;
+        double  us;
+
+        perf_round(rank, src, n, 512 * 1024, 0);
+        t0 = (int64_t)xccl_now_ns();
+        for (int i = 0; i < 10; i++) perf_round(rank, src, n, 512 * 1024, 0);
+        us = (double)((int64_t)xccl_now_ns() - t0) / 1e3 / 10;
+        if (rank == 0)
+            fprintf(stderr, "  perf exchange %9zu B  %10.2f us  %6.3f GB/s each way\n", n, us,
+                    (double)n / us / 1e3);
+    }
+    /* leave together: an early exit would look like a failure to the peer */
+    atomic_fetch_add(&S->flag[FL_DONE], 1);
+    CHECK(wait_flag(&S->flag[FL_DONE], 2, 20000));
+    F.recv_base = NULL;
+    teardown();
+    free(src);
+    free(dst);
+}
+
 int main(void)
 {
     S = mmap(NULL, sizeof(*S), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -1043,5 +1170,6 @@ int main(void)
     run_job("rogue", 3, 2, "s3cret key", job_rogue, 30);
     run_job("missing", 3, 3, NULL, job_missing, 30);
     if (xccl_env_int("XCCL_TEST_BIG", 0) == 1) run_job("big", 2, 2, NULL, job_big, 300);
+    if (xccl_env_int("XCCL_TEST_PERF", 0) == 1) run_job("perf", 2, 2, NULL, job_perf, 300);
     CTEST_MAIN_END("test_tcp");
 }
