@@ -337,7 +337,12 @@ xccl_status_t xccl_work_wait(xccl_work_t *w, int64_t slice_ms)
             xccl_ctx_run_callbacks(ctx);
             pthread_mutex_lock(&ctx->lock);
         }
-        if (n > 0) continue;
+        if (n > 0) {
+            /* poll again for a while after every event, not only at the start: the next
+             * message of a multi-step collective usually follows within microseconds */
+            spin_end = now + (uint64_t)ctx->spin_ns;
+            continue;
+        }
         pthread_mutex_unlock(&ctx->lock);
         if (now < spin_end) {
             sched_yield();
