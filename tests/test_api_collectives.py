@@ -298,12 +298,19 @@ def body_algos(rank, size):
 
     count = 1003
     want = sum(val(r, count, "float32") for r in range(size))
-    for algo in ("ring", "rd", "rabenseifner", "direct"):
+    for algo in ("ring", "rd", "rabenseifner", "direct", "owner"):
         t = val(rank, count, "float32").astype(np.float32)
         work = dist.all_reduce(t, algo=algo, async_op=True)
         work.wait()
         assert work.algo == algo, (work.algo, algo)
         assert np.array_equal(t, want), algo
+    for algo in ("ring", "rhd", "direct", "owner"):
+        big = np.concatenate([val(rank, count, "float32", q) for q in range(size)])
+        out = np.zeros(count, np.float32)
+        work = dist.reduce_scatter_tensor(out, big.astype(np.float32), algo=algo, async_op=True)
+        work.wait()
+        assert work.algo == algo, (work.algo, algo)
+        assert np.array_equal(out, sum(val(r, count, "float32", rank) for r in range(size))), algo
     for algo in ("ring", "rd", "bruck", "direct"):
         out = np.zeros(size * count, np.float32)
         dist.all_gather_into_tensor(out, val(rank, count, "float32").astype(np.float32), algo=algo)

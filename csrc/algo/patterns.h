@@ -76,6 +76,10 @@ static inline size_t xccl_pat_block_max(size_t count, int n)
  * would rule the direct algorithms out everywhere.) */
 static inline double xccl_pat_direct_steps(int n) { return n <= 1 ? 0 : 1 + (n - 2) / 8.0; }
 
+/* The same charge for a round in which a rank has `msgs` messages in flight at once (direct
+ * rounds: msgs = n-1): one α, plus α/8 for each further message. */
+static inline double xccl_pat_round_steps(int msgs) { return msgs <= 0 ? 0 : 1 + (msgs - 1) / 8.0; }
+
 /* ---------------------------------------------------------------------------------------------
  * Ring: rank r sends to r+1 and receives from r-1. Over n-1 steps s = 0..n-2,
  *
@@ -181,6 +185,21 @@ static inline int xccl_pat_pipe_chunk(const xccl_pat_pipe_t *p, int s, int k)
 static inline uint32_t xccl_pat_pipe_step(const xccl_pat_pipe_t *p, int s, int c)
 {
     return (uint32_t)s * (uint32_t)p->nchunks + (uint32_t)c;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Owner algorithms (owner.c): every block is cut into the same number C of chunks, and chunk
+ * c travels as step c (reduce-scatter phase) and C + c (all-gather phase).
+ * ------------------------------------------------------------------------------------------- */
+/* Chunk size of the owner algorithms, in bytes: $XCCL_OWNER_CHUNK_BYTES, 256 KiB by default
+ * (a window of 2 (n-1) chunks should stay in the cache). Every rank must see the same value. */
+#define XCCL_PAT_OWNER_CHUNK_ENV     "XCCL_OWNER_CHUNK_BYTES"
+#define XCCL_PAT_OWNER_CHUNK_DEFAULT (256 * 1024)
+
+/* Chunks per block: at most chunk_bytes each, at most XCCL_PAT_RING_MAX_CHUNKS. */
+static inline int xccl_pat_owner_nchunks(size_t block_bytes, size_t chunk_bytes)
+{
+    return xccl_pat_ring_nchunks(block_bytes, chunk_bytes, 2, 1u << 20);
 }
 
 /* ---------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@
 #include <string.h>
 
 extern const xccl_algo_t xccl_algo_allreduce_ring, xccl_algo_allreduce_rd,
-    xccl_algo_allreduce_rabenseifner, xccl_algo_allreduce_direct;
+    xccl_algo_allreduce_rabenseifner, xccl_algo_allreduce_direct, xccl_algo_allreduce_owner;
 extern const xccl_algo_t xccl_algo_broadcast_binomial, xccl_algo_broadcast_linear,
     xccl_algo_broadcast_scatter_allgather;
 extern const xccl_algo_t xccl_algo_reduce_binomial, xccl_algo_reduce_linear;
@@ -18,7 +18,7 @@ extern const xccl_algo_t xccl_algo_allgather_ring, xccl_algo_allgather_rd,
 extern const xccl_algo_t xccl_algo_gather_binomial, xccl_algo_gather_linear;
 extern const xccl_algo_t xccl_algo_scatter_binomial, xccl_algo_scatter_linear;
 extern const xccl_algo_t xccl_algo_reduce_scatter_ring, xccl_algo_reduce_scatter_rhd,
-    xccl_algo_reduce_scatter_direct;
+    xccl_algo_reduce_scatter_direct, xccl_algo_reduce_scatter_owner;
 extern const xccl_algo_t xccl_algo_alltoall_pairwise, xccl_algo_alltoall_bruck,
     xccl_algo_alltoall_linear;
 extern const xccl_algo_t xccl_algo_alltoallv_pairwise, xccl_algo_alltoallv_linear;
@@ -26,7 +26,7 @@ extern const xccl_algo_t xccl_algo_barrier_dissemination, xccl_algo_barrier_line
 
 static const xccl_algo_t *const allreduce_algos[] = {
     &xccl_algo_allreduce_ring, &xccl_algo_allreduce_rd, &xccl_algo_allreduce_rabenseifner,
-    &xccl_algo_allreduce_direct, NULL};
+    &xccl_algo_allreduce_direct, &xccl_algo_allreduce_owner, NULL};
 static const xccl_algo_t *const broadcast_algos[] = {
     &xccl_algo_broadcast_binomial, &xccl_algo_broadcast_linear,
     &xccl_algo_broadcast_scatter_allgather, NULL};
@@ -41,7 +41,7 @@ static const xccl_algo_t *const scatter_algos[] = {&xccl_algo_scatter_binomial,
                                                    &xccl_algo_scatter_linear, NULL};
 static const xccl_algo_t *const reduce_scatter_algos[] = {
     &xccl_algo_reduce_scatter_ring, &xccl_algo_reduce_scatter_rhd,
-    &xccl_algo_reduce_scatter_direct, NULL};
+    &xccl_algo_reduce_scatter_direct, &xccl_algo_reduce_scatter_owner, NULL};
 static const xccl_algo_t *const alltoall_algos[] = {
     &xccl_algo_alltoall_pairwise, &xccl_algo_alltoall_bruck, &xccl_algo_alltoall_linear, NULL};
 static const xccl_algo_t *const alltoallv_algos[] = {&xccl_algo_alltoallv_pairwise,

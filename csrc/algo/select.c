@@ -56,6 +56,23 @@ static char            env_error[512];
 /* Fallback when the caller has no model (the core passes its own, fitted per transport). */
 static const xccl_cost_model_t default_model = {20e-6, 1.0 / 2.0e9, 1.0 / 4.0e9};
 
+/* Measured choices the α-β-γ model cannot make. Its terms are messages, bytes sent and bytes
+ * reduced; it has none for where bytes land. "owner" moves the same bytes as ring and
+ * Rabenseifner in more rounds, so the model never prefers it, but its receive window stays in
+ * cache while their whole-block scratch goes to DRAM and back, which decides large vectors:
+ * on one host (2-vCPU VM, 2 and 4 ranks, shm and tcp) owner led from 16 MiB up (np=2 shm
+ * 64 MiB in place 7.6 GB/s busbw vs 6.2 for rabenseifner; np=4 3.4 vs 2.2 for ring) and tied
+ * or lost below. Applied after $XCCL_ALGO (whose rules win) unless "auto" (per call or by a
+ * rule) asks for the model itself. */
+static const struct builtin_rule {
+    xccl_coll_t coll;
+    size_t      lo;
+    const char *algo;
+} builtin_rules[] = {
+    {XCCL_COLL_ALLREDUCE, (size_t)16 << 20, "owner"},
+    {XCCL_COLL_REDUCE_SCATTER, (size_t)16 << 20, "owner"},
+};
+
 /* Internal, for tests (not in algo.h): the next selection reads $XCCL_ALGO again. */
 void xccl_algo_reset_env(void);
 
@@ -239,13 +256,14 @@ xccl_status_t xccl_algo_select(const xccl_coll_args_t *args, int size, size_t nb
     double                    best_t = 0;
     char                      algo[NAME_MAX_LEN], why[160], msg[sizeof(env_error)];
     xccl_status_t             st;
-    int                       found = 0;
+    int                       found = 0, model_only;
 
     if (args == NULL || out == NULL || (unsigned)args->coll >= XCCL_COLL_COUNT || size < 1)
         return XCCL_ERROR(XCCL_ERR_INVALID_ARG, "algorithm selection: bad arguments");
     if (m == NULL) m = &default_model;
     if (forced != NULL && *forced != '\0' && strcmp(forced, "auto") != 0)
         return choose_named(args, size, forced, "requested by the call", out);
+    model_only = forced != NULL && strcmp(forced, "auto") == 0;
 
     pthread_mutex_lock(&env_lock);
     if (!env_parsed) parse_env();
@@ -261,6 +279,17 @@ xccl_status_t xccl_algo_select(const xccl_coll_args_t *args, int size, size_t nb
     pthread_mutex_unlock(&env_lock);
     if (st != XCCL_OK) return XCCL_ERROR(st, "%s", msg);
     if (found && strcmp(algo, "auto") != 0) return choose_named(args, size, algo, why, out);
+    /* "auto" (per call or by a rule) asks for the model itself */
+    for (size_t i = 0; !found && !model_only && size > 1 &&
+                       i < sizeof(builtin_rules) / sizeof(builtin_rules[0]);
+         i++) {
+        const struct builtin_rule *b = &builtin_rules[i];
+        const xccl_algo_t         *a = xccl_algo_find(args->coll, b->algo);
+        if (b->coll != args->coll || nbytes < b->lo || a == NULL) continue;
+        if (a->applicable != NULL && !a->applicable(args, size)) continue;
+        *out = a;
+        return XCCL_OK;
+    }
 
     list = xccl_algo_list(args->coll);
     for (int i = 0; list[i] != NULL; i++) {

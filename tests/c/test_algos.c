@@ -25,11 +25,11 @@
 #include "sim.h"
 
 extern const xccl_algo_t xccl_algo_allreduce_ring, xccl_algo_allreduce_rd,
-    xccl_algo_allreduce_rabenseifner, xccl_algo_allreduce_direct;
+    xccl_algo_allreduce_rabenseifner, xccl_algo_allreduce_direct, xccl_algo_allreduce_owner;
 extern const xccl_algo_t xccl_algo_allgather_ring, xccl_algo_allgather_rd,
     xccl_algo_allgather_bruck, xccl_algo_allgather_direct;
 extern const xccl_algo_t xccl_algo_reduce_scatter_ring, xccl_algo_reduce_scatter_rhd,
-    xccl_algo_reduce_scatter_direct;
+    xccl_algo_reduce_scatter_direct, xccl_algo_reduce_scatter_owner;
 
 /* select.c: makes the next selection read $XCCL_ALGO again. */
 void xccl_algo_reset_env(void);
@@ -218,6 +218,9 @@ static void test_patterns(void)
         CHECK((1 << xccl_pat_log2_ceil(n)) >= n);
         CHECK(n == 1 || (1 << (xccl_pat_log2_ceil(n) - 1)) < n);
         CHECK(xccl_pat_mod(-n, 7) == (7 - n % 7) % 7);
+        /* a direct round is a round of n-1 messages: 1 + (n-2)/8 */
+        CHECK(xccl_pat_round_steps(n - 1) == xccl_pat_direct_steps(n));
+        CHECK(xccl_pat_round_steps(n) == 1 + (n - 1) / 8.0);
     }
 
     /* blocks: cover [0, count), sizes differ by at most one, larger ones first */
@@ -361,7 +364,22 @@ static void test_patterns(void)
 
 static const xccl_algo_t *const allreduce_algos[] = {
     &xccl_algo_allreduce_ring, &xccl_algo_allreduce_rd, &xccl_algo_allreduce_rabenseifner,
-    &xccl_algo_allreduce_direct, NULL};
+    &xccl_algo_allreduce_direct, &xccl_algo_allreduce_owner, NULL};
+
+/* Chunks per block of the owner algorithms for blocks of at most block_max elements, and the
+ * messages one block of bcnt elements takes (empty chunks are not sent). */
+static int owner_chunks(size_t block_max, size_t es)
+{
+    const char *v     = getenv(XCCL_PAT_OWNER_CHUNK_ENV);
+    size_t      chunk = v ? (size_t)strtoull(v, NULL, 10) : XCCL_PAT_OWNER_CHUNK_DEFAULT;
+
+    return xccl_pat_owner_nchunks(block_max * es, chunk < es ? es : chunk);
+}
+
+static size_t owner_msgs(size_t bcnt, int nchunks)
+{
+    return bcnt < (size_t)nchunks ? bcnt : (size_t)nchunks;
+}
 
 /* Per-rank traffic of an all_reduce compared with the cost formula, for exact cases. */
 static void allreduce_traffic(const xccl_algo_t *a, int n, size_t count, size_t es,
@@ -406,10 +424,37 @@ static void allreduce_traffic(const xccl_algo_t *a, int n, size_t count, size_t 
                           red, c.bytes);
             CHECK_MSG((double)b <= c.bytes + 2.0 * (double)(f0.p * es),
                       "%s rank %d: %zu B, cost %g", what, r, b, c.bytes);
+        } else if (a == &xccl_algo_allreduce_owner) {
+            /* every other block's chunks to their owners, block r's chunks to every peer */
+            int    C = owner_chunks(xccl_pat_block_max(count, n), es);
+            size_t mine = xccl_pat_block_count(count, n, r), want_m = 0;
+            for (int q = 0; q < n; q++)
+                if (q != r) want_m += owner_msgs(xccl_pat_block_count(count, n, q), C);
+            want_m += (size_t)(n - 1) * owner_msgs(mine, C);
+            CHECK_MSG(m == want_m && b == N + (size_t)(n - 2) * mine * es &&
+                          red == (size_t)(n - 1) * mine * es,
+                      "%s rank %d: %zu msgs (want %zu) %zu B %zu reduced", what, r, m, want_m, b,
+                      red);
+            if (count % (size_t)n == 0)
+                CHECK_MSG((double)b == c.bytes && (double)red == c.reduce_bytes,
+                          "%s rank %d: %zu B %zu reduced, cost %g %g", what, r, b, red, c.bytes,
+                          c.reduce_bytes);
         } else {
             CHECK_MSG(m == (size_t)n - 1 && (double)b == c.bytes && (double)red == c.reduce_bytes,
                       "%s rank %d: %zu msgs %zu B", what, r, m, b);
         }
+    }
+    if (a == &xccl_algo_allreduce_owner) {
+        /* the cost sees bytes only: it knows the chunks when blocks are even and a chunk
+         * holds whole elements */
+        int         C = owner_chunks(xccl_pat_block_max(count, n), es);
+        const char *v = getenv(XCCL_PAT_OWNER_CHUNK_ENV);
+        CHECK_MSG(sim_distinct_steps(res, -1) <= 2 * (size_t)C, "%s: %zu steps, %d chunks", what,
+                  sim_distinct_steps(res, -1), C);
+        /* first and last round n-1 messages, the C-1 between 2(n-1): 1 + (m-1)/8 each */
+        double want = 2 * (1 + (n - 2) / 8.0) + (C - 1) * (1 + (2 * n - 3) / 8.0);
+        if (count % (size_t)n == 0 && (v == NULL || strtoull(v, NULL, 10) % es == 0))
+            CHECK_MSG(c.steps == want, "%s: cost %g, want %g, %d chunks", what, c.steps, want, C);
     }
     if (a == &xccl_algo_allreduce_rd || a == &xccl_algo_allreduce_rabenseifner)
         CHECK_MSG(sim_distinct_steps(res, -1) == (size_t)c.steps, "%s: %zu steps, cost %g", what,
@@ -496,7 +541,7 @@ static void allreduce_case(const xccl_algo_t *a, const red_case_t *c, int traffi
 
 static const xccl_algo_t *const reduce_scatter_algos[] = {
     &xccl_algo_reduce_scatter_ring, &xccl_algo_reduce_scatter_rhd,
-    &xccl_algo_reduce_scatter_direct, NULL};
+    &xccl_algo_reduce_scatter_direct, &xccl_algo_reduce_scatter_owner, NULL};
 
 static void reduce_scatter_traffic(const xccl_algo_t *a, int n, size_t count, size_t es,
                                    const sim_result_t *res, const char *what)
@@ -524,6 +569,12 @@ static void reduce_scatter_traffic(const xccl_algo_t *a, int n, size_t count, si
                               (r != 0 || (double)red == c.reduce_bytes),
                           "%s rank %d: %zu B %zu reduced, cost %g B %g", what, r, b, red, c.bytes,
                           c.reduce_bytes);
+        } else if (a == &xccl_algo_reduce_scatter_owner) {
+            /* n-1 blocks out in chunks, n-1 blocks reduced */
+            size_t want_m = (size_t)(n - 1) * owner_msgs(count, owner_chunks(count, es));
+            CHECK_MSG(m == want_m && (double)b == c.bytes && (double)red == c.reduce_bytes,
+                      "%s rank %d: %zu msgs (want %zu) %zu B %zu reduced, cost %g B", what, r, m,
+                      want_m, b, red, c.bytes);
         } else {
             /* ring (one chunk) and direct: n-1 blocks out, n-1 blocks reduced */
             CHECK_MSG(m == (size_t)n - 1 && (double)b == c.bytes && (double)red == c.reduce_bytes,
@@ -801,6 +852,76 @@ static void sweep_ring_chunks(void)
     unsetenv(XCCL_PAT_RING_CHUNK_ENV);
 }
 
+/* The owner algorithms with tiny chunks: many rounds, chunks of uneven blocks, empty chunks
+ * when a block has fewer elements than there are chunks; traffic checked against the cost. */
+static void sweep_owner_chunks(void)
+{
+    const struct {
+        const char *bytes;
+        size_t      max_count;
+    } chunks[] = {{"1", 100}, {"24", 1000}, {"4096", 65537}};
+    const size_t cnts[] = {1, 7, 100, 1000, 65537};
+
+    for (size_t k = 0; k < sizeof(chunks) / sizeof(chunks[0]); k++) {
+        setenv(XCCL_PAT_OWNER_CHUNK_ENV, chunks[k].bytes, 1);
+        for (size_t si = 0; si < NSIZES; si++) {
+            for (size_t ci = 0; ci < sizeof(cnts) / sizeof(cnts[0]); ci++) {
+                int        n     = sizes[si];
+                size_t     count = cnts[ci];
+                red_case_t c;
+                if (count > chunks[k].max_count) continue;
+                red_case_init(&c, n, count, XCCL_FLOAT32, XCCL_OP_SUM);
+                allreduce_case(&xccl_algo_allreduce_owner, &c, 1);
+                reduce_scatter_case(&xccl_algo_reduce_scatter_owner, &c, 1, 0);
+                reduce_scatter_case(&xccl_algo_reduce_scatter_owner, &c, 0, 1);
+                red_case_free(&c);
+                red_case_init(&c, n, count, XCCL_UINT8, XCCL_OP_BXOR);
+                allreduce_case(&xccl_algo_allreduce_owner, &c, 0);
+                red_case_free(&c);
+                red_case_init(&c, n, count, XCCL_INT32, XCCL_OP_PROD);
+                reduce_scatter_case(&xccl_algo_reduce_scatter_owner, &c, 0, 0);
+                red_case_free(&c);
+            }
+        }
+    }
+    unsetenv(XCCL_PAT_OWNER_CHUNK_ENV);
+}
+
+/* Algorithms that promise rank order, ((x0 + x1) + x2) + ..., on float32 values whose sums
+ * round (so another order gives other bits): the reference is that sum computed here. */
+static void sweep_rank_order(void)
+{
+    const xccl_algo_t *ar[] = {&xccl_algo_allreduce_direct, &xccl_algo_allreduce_owner};
+    const xccl_algo_t *rs[] = {&xccl_algo_reduce_scatter_direct,
+                               &xccl_algo_reduce_scatter_owner};
+    const int          ns[] = {3, 5, 8};
+
+    setenv(XCCL_PAT_OWNER_CHUNK_ENV, "64", 1);
+    for (size_t ni = 0; ni < sizeof(ns) / sizeof(ns[0]); ni++) {
+        int        n = ns[ni];
+        size_t     count = 301;
+        red_case_t c;
+        red_case_init(&c, n, count, XCCL_FLOAT32, XCCL_OP_SUM);
+        for (size_t i = 0; i < (size_t)n * count; i++) {
+            float acc = 0;
+            for (int r = 0; r < n; r++) {
+                /* values of very different magnitude: the order of the sum shows */
+                uint64_t h = (uint64_t)(r + 1) * 0x9e3779b97f4a7c15ull ^ (uint64_t)i * 0xbf58476du;
+                float    v = (float)((h >> 20) % 100000) / 7.0f * (r % 2 ? 1e4f : 1e-3f);
+                ((float *)c.in[r])[i] = v;
+                acc                   = r == 0 ? v : acc + v;
+            }
+            ((float *)c.ref)[i] = acc;
+        }
+        for (size_t k = 0; k < 2; k++) {
+            allreduce_case(ar[k], &c, 0);
+            reduce_scatter_case(rs[k], &c, 0, 0);
+        }
+        red_case_free(&c);
+    }
+    unsetenv(XCCL_PAT_OWNER_CHUNK_ENV);
+}
+
 /* =============================================================================================
  * The simulator itself: deadlocks and misuse are reported
  * ============================================================================================= */
@@ -1001,11 +1122,15 @@ static void test_select(void)
     CHECK(xccl_algo_select(&a, 6, 4 << 20, &lat, NULL, &out) == XCCL_OK &&
           out == &xccl_algo_allgather_direct);
     SEL_IS("direct", XCCL_COLL_ALLREDUCE, 3, 8, NULL);
-    SEL_IS("rabenseifner", XCCL_COLL_ALLREDUCE, 8, 64 << 20, NULL);
-    SEL_IS("ring", XCCL_COLL_ALLREDUCE, 6, 64 << 20, NULL);
+    /* the model; from 16 MiB on one host the measured built-in rule picks owner */
+    SEL_IS("rabenseifner", XCCL_COLL_ALLREDUCE, 8, 64 << 20, "auto");
+    SEL_IS("owner", XCCL_COLL_ALLREDUCE, 8, 64 << 20, NULL);
+    SEL_IS("owner", XCCL_COLL_ALLREDUCE, 6, 16 << 20, NULL);
+    SEL_IS("ring", XCCL_COLL_ALLREDUCE, 6, (16 << 20) - 1, NULL);
     SEL_IS("bruck", XCCL_COLL_ALLGATHER, 48, 64 << 20, NULL);
     SEL_IS("direct", XCCL_COLL_ALLGATHER, 12, 64 << 20, NULL);
-    SEL_IS("ring", XCCL_COLL_REDUCE_SCATTER, 12, 64 << 20, NULL);
+    SEL_IS("ring", XCCL_COLL_REDUCE_SCATTER, 12, 64 << 20, "auto");
+    SEL_IS("owner", XCCL_COLL_REDUCE_SCATTER, 12, 64 << 20, NULL);
 
     /* forced per call; "auto" means the model */
     SEL_IS("rabenseifner", XCCL_COLL_ALLREDUCE, 8, 64, "rabenseifner");
@@ -1074,13 +1199,16 @@ static void test_select(void)
     SEL_IS("rd", XCCL_COLL_ALLREDUCE, 6, 64 << 20, NULL);
     xccl_algo_reset_env();
     SEL_IS("direct", XCCL_COLL_ALLREDUCE, 6, 64 << 10, NULL);
+    set_algo_env("allreduce:1m-inf=auto");
+    SEL_IS("ring", XCCL_COLL_ALLREDUCE, 6, 64 << 20, NULL); /* a rule's "auto": the model */
     set_algo_env(NULL);
-    SEL_IS("ring", XCCL_COLL_ALLREDUCE, 6, 64 << 20, NULL);
+    SEL_IS("owner", XCCL_COLL_ALLREDUCE, 6, 64 << 20, NULL);
 }
 
 int main(void)
 {
     unsetenv(XCCL_PAT_RING_CHUNK_ENV);
+    unsetenv(XCCL_PAT_OWNER_CHUNK_ENV);
     unsetenv("XCCL_ALGO");
     test_patterns();
     test_sim();
@@ -1090,5 +1218,7 @@ int main(void)
     sweep_allgather();
     sweep_reduce_scatter_alias();
     sweep_ring_chunks();
+    sweep_owner_chunks();
+    sweep_rank_order();
     CTEST_MAIN_END("test_algos");
 }
