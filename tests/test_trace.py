@@ -249,6 +249,41 @@ def test_explain_matches_the_formulas():
         explain("all_reduce", 8)
 
 
+def _explain_vs_run(sizes):
+    import numpy as np
+
+    import xccl
+
+    out = []
+    for nbytes in sizes:
+        ex = xccl.explain("all_reduce", nbytes)
+        chosen = [r["name"] for r in ex if r["chosen"]]
+        w = xccl.all_reduce(np.ones(nbytes // 4, np.float32), async_op=True)
+        w.wait()
+        out.append((nbytes, chosen, w.algo, ex.model.as_tuple()))
+    return out
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_explain_in_a_group_predicts_what_runs(transport):
+    # inside a group, explain prices with the group's own model (its transport's α, β), so
+    # the algorithm it marks is the one the engine then runs
+    rows = launch(_explain_vs_run, 4, [8, 4096, 1 << 16, 1 << 20], transport=transport)
+    for nbytes, chosen, ran, _ in rows[0]:
+        assert chosen == [ran], (nbytes, chosen, ran)
+    alphas = {model[0] for _, _, _, model in rows[0]}
+    assert len(alphas) == 1
+
+
+def test_group_models_differ_by_transport():
+    def alpha():
+        import xccl
+
+        return xccl.explain("barrier", 0).model.alpha
+
+    assert launch(alpha, 2, transport="shm")[0] < launch(alpha, 2, transport="tcp")[0]
+
+
 def test_crossovers_and_predict():
     model = Model(2e-5, 5e-10, 2.5e-10)
     algos = ["rd", "rabenseifner"]

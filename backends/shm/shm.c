@@ -1354,6 +1354,10 @@ const xccl_transport_ops_t xccl_transport_shm = {
     .name        = "shm",
     .caps        = XCCL_TP_CAP_HOST_MEM | XCCL_TP_CAP_INTRA_HOST,
     .priority    = 20,
+    /* a slot through a ring (~1-2 us with the call around it); bulk data is one copy (CMA)
+     * at memory speed */
+    .alpha       = 2e-6,
+    .beta        = 1.0 / 6e9,
     .init        = shm_init,
     .finalize    = shm_finalize,
     .reachable   = shm_reachable,

@@ -55,6 +55,23 @@ typedef enum xccl_coll {
 /* "all_reduce", "broadcast", ... (torch.distributed spelling); "?" if invalid. */
 const char *xccl_coll_name(xccl_coll_t coll);
 
+/* The α-β-γ model: a step costs alpha seconds, each byte sent beta seconds, each byte reduced
+ * gamma seconds. The core takes α and β from the transports (defaults in explain.c). */
+typedef struct xccl_cost_model {
+    double alpha;
+    double beta;
+    double gamma;
+} xccl_cost_model_t;
+
+/* Where the ranks of a communicator live, for two-level algorithms: node_of[r] in [0, nnodes)
+ * is the node (host) of rank r, nodes numbered in the order of their lowest rank; messages
+ * inside a node cost `intra`, between nodes `inter`. Identical on every rank. */
+typedef struct xccl_topo {
+    int               nnodes;
+    const int        *node_of;
+    xccl_cost_model_t intra, inter;
+} xccl_topo_t;
+
 typedef struct xccl_coll_args {
     xccl_coll_t   coll;
     const void   *sbuf;
@@ -65,6 +82,7 @@ typedef struct xccl_coll_args {
     xccl_op_t     op;    /* base operator                                               */
     int           root;
     const size_t *scounts, *sdispls, *rcounts, *rdispls; /* ALLTOALLV only             */
+    const xccl_topo_t *topo; /* NULL: one level (the simulator, single-node callers)     */
 } xccl_coll_args_t;
 
 #define XCCL_STEP_MAX         ((1u << 20) - 1)
@@ -96,14 +114,6 @@ xccl_status_t xccl_task_reduce(xccl_task_t *t, void *dst, const void *a, const v
  * moves it: take pointers after the last call. NULL when out of memory. */
 void         *xccl_task_scratch(xccl_task_t *t, size_t nbytes);
 
-/* The α-β-γ model: a step costs alpha seconds, each byte sent beta seconds, each byte reduced
- * gamma seconds. The core fits these per transport (defaults in select.c). */
-typedef struct xccl_cost_model {
-    double alpha;
-    double beta;
-    double gamma;
-} xccl_cost_model_t;
-
 /* What one rank does in an algorithm, on the critical path: `steps` rounds of messages,
  * `bytes` sent, `reduce_bytes` combined locally. Predicted time = the model applied to it. */
 typedef struct xccl_cost {
@@ -124,6 +134,10 @@ typedef struct xccl_algo {
      * for all-to-all, 0 for barrier. */
     void (*cost)(int size, size_t nbytes, xccl_cost_t *out);
     xccl_status_t (*progress)(xccl_task_t *t);
+    /* Two-level algorithms only (NULL for the others): the cost split into what crosses links
+     * inside nodes (`intra`, priced with topo->intra) and between nodes (`inter`). */
+    void (*cost_topo)(const xccl_topo_t *topo, int size, size_t nbytes, xccl_cost_t *intra,
+                      xccl_cost_t *inter);
 } xccl_algo_t;
 
 /* Every algorithm of a collective, NULL-terminated (csrc/algo/registry.c). */
@@ -133,6 +147,10 @@ const xccl_algo_t        *xccl_algo_find(xccl_coll_t coll, const char *name);
 /* Predicted seconds of `a` under model m. */
 double xccl_algo_predict(const xccl_algo_t *a, const xccl_cost_model_t *m, int size,
                          size_t nbytes);
+/* The same for the arguments of a call: a two-level algorithm with args->topo set is priced
+ * with topo->intra and topo->inter, any other with m. */
+double xccl_algo_predict_args(const xccl_algo_t *a, const xccl_coll_args_t *args,
+                              const xccl_cost_model_t *m, int size, size_t nbytes);
 
 /* Chooses the algorithm: `forced` (per call) if given, else a rule of $XCCL_ALGO matching
  * (coll, nbytes), else the applicable algorithm with the lowest predicted time. Errors name the

@@ -9,9 +9,10 @@
 #include <string.h>
 
 extern const xccl_algo_t xccl_algo_allreduce_ring, xccl_algo_allreduce_rd,
-    xccl_algo_allreduce_rabenseifner, xccl_algo_allreduce_direct, xccl_algo_allreduce_owner;
+    xccl_algo_allreduce_rabenseifner, xccl_algo_allreduce_direct, xccl_algo_allreduce_owner,
+    xccl_algo_allreduce_hier;
 extern const xccl_algo_t xccl_algo_broadcast_binomial, xccl_algo_broadcast_linear,
-    xccl_algo_broadcast_scatter_allgather;
+    xccl_algo_broadcast_scatter_allgather, xccl_algo_broadcast_hier;
 extern const xccl_algo_t xccl_algo_reduce_binomial, xccl_algo_reduce_linear;
 extern const xccl_algo_t xccl_algo_allgather_ring, xccl_algo_allgather_rd,
     xccl_algo_allgather_bruck, xccl_algo_allgather_direct;
@@ -26,10 +27,10 @@ extern const xccl_algo_t xccl_algo_barrier_dissemination, xccl_algo_barrier_line
 
 static const xccl_algo_t *const allreduce_algos[] = {
     &xccl_algo_allreduce_ring, &xccl_algo_allreduce_rd, &xccl_algo_allreduce_rabenseifner,
-    &xccl_algo_allreduce_direct, &xccl_algo_allreduce_owner, NULL};
+    &xccl_algo_allreduce_direct, &xccl_algo_allreduce_owner, &xccl_algo_allreduce_hier, NULL};
 static const xccl_algo_t *const broadcast_algos[] = {
     &xccl_algo_broadcast_binomial, &xccl_algo_broadcast_linear,
-    &xccl_algo_broadcast_scatter_allgather, NULL};
+    &xccl_algo_broadcast_scatter_allgather, &xccl_algo_broadcast_hier, NULL};
 static const xccl_algo_t *const reduce_algos[] = {&xccl_algo_reduce_binomial,
                                                   &xccl_algo_reduce_linear, NULL};
 static const xccl_algo_t *const allgather_algos[] = {
@@ -94,4 +95,16 @@ double xccl_algo_predict(const xccl_algo_t *a, const xccl_cost_model_t *m, int s
 
     if (a->cost != NULL) a->cost(size, nbytes, &c);
     return c.steps * m->alpha + c.bytes * m->beta + c.reduce_bytes * m->gamma;
+}
+
+double xccl_algo_predict_args(const xccl_algo_t *a, const xccl_coll_args_t *args,
+                              const xccl_cost_model_t *m, int size, size_t nbytes)
+{
+    xccl_cost_t intra = {0, 0, 0}, inter = {0, 0, 0};
+
+    if (a->cost_topo == NULL || args->topo == NULL) return xccl_algo_predict(a, m, size, nbytes);
+    a->cost_topo(args->topo, size, nbytes, &intra, &inter);
+    return intra.steps * args->topo->intra.alpha + intra.bytes * args->topo->intra.beta +
+           intra.reduce_bytes * args->topo->intra.gamma + inter.steps * args->topo->inter.alpha +
+           inter.bytes * args->topo->inter.beta + inter.reduce_bytes * args->topo->inter.gamma;
 }

@@ -63,7 +63,8 @@ static const xccl_cost_model_t default_model = {20e-6, 1.0 / 2.0e9, 1.0 / 4.0e9}
  * on one host (2-vCPU VM, 2 and 4 ranks, shm and tcp) owner led from 16 MiB up (np=2 shm
  * 64 MiB in place 7.6 GB/s busbw vs 6.2 for rabenseifner; np=4 3.4 vs 2.2 for ring) and tied
  * or lost below. Applied after $XCCL_ALGO (whose rules win) unless "auto" (per call or by a
- * rule) asks for the model itself. */
+ * rule) asks for the model itself, and only to groups on one node (no topology): across
+ * hosts nothing was measured. */
 static const struct builtin_rule {
     xccl_coll_t coll;
     size_t      lo;
@@ -280,7 +281,7 @@ xccl_status_t xccl_algo_select(const xccl_coll_args_t *args, int size, size_t nb
     if (st != XCCL_OK) return XCCL_ERROR(st, "%s", msg);
     if (found && strcmp(algo, "auto") != 0) return choose_named(args, size, algo, why, out);
     /* "auto" (per call or by a rule) asks for the model itself */
-    for (size_t i = 0; !found && !model_only && size > 1 &&
+    for (size_t i = 0; !found && !model_only && args->topo == NULL && size > 1 &&
                        i < sizeof(builtin_rules) / sizeof(builtin_rules[0]);
          i++) {
         const struct builtin_rule *b = &builtin_rules[i];
@@ -295,7 +296,7 @@ xccl_status_t xccl_algo_select(const xccl_coll_args_t *args, int size, size_t nb
     for (int i = 0; list[i] != NULL; i++) {
         double t;
         if (list[i]->applicable != NULL && !list[i]->applicable(args, size)) continue;
-        t = xccl_algo_predict(list[i], m, size, nbytes);
+        t = xccl_algo_predict_args(list[i], args, m, size, nbytes);
         if (best == NULL || t < best_t) {
             best   = list[i];
             best_t = t;

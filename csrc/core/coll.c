@@ -499,7 +499,11 @@ static xccl_status_t coll_post(xccl_comm_t *comm, xccl_coll_args_t *a, xccl_op_t
     if (comm->async_error < 0)
         return XCCL_ERROR(comm->async_error, "%s: comm '%s' has failed earlier (%s)", name,
                           comm->name, xccl_status_string(comm->async_error));
-    XCCL_CHECK(xccl_algo_select(a, comm->size, nbytes_model, xccl_core_default_model(),
+    /* one-level algorithms are priced with the links they mostly cross: between nodes when
+     * the members span several */
+    a->topo = comm->topo.nnodes > 1 ? &comm->topo : NULL;
+    XCCL_CHECK(xccl_algo_select(a, comm->size, nbytes_model,
+                                a->topo ? &comm->topo.inter : &comm->topo.intra,
                                 opts ? opts->algo : NULL, &algo));
     w = xccl_work_new(comm, WORK_COLL, name, opts ? opts->timeout_ms : 0);
     if (w == NULL) return XCCL_ERROR(XCCL_ERR_NO_MEMORY, "%s: out of memory", name);

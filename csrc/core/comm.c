@@ -52,6 +52,12 @@ xccl_status_t xccl_comm_create(const xccl_comm_config_t *cfg, xccl_comm_t **out)
         return XCCL_ERROR(XCCL_ERR_NO_MEMORY, "comm create: out of memory");
     }
     for (int i = 0; i < cfg->size; i++) c->world[i] = i;
+    if (xccl_comm_topo_init(c) < 0) {
+        free(c->world);
+        free(c);
+        xccl_ctx_release(ctx);
+        return XCCL_ERROR(XCCL_ERR_NO_MEMORY, "comm create: out of memory");
+    }
     c->id         = ctx->job_id;
     c->timeout_ms = c2.timeout_ms;
     ctx->comms    = c;
@@ -98,6 +104,11 @@ xccl_status_t xccl_comm_split(xccl_comm_t *parent, int nranks, const int *ranks,
     if (c == NULL) return XCCL_ERROR(XCCL_ERR_NO_MEMORY, "comm split: out of memory");
     for (int i = 0; i < nranks; i++) c->world[i] = parent->world[ranks[i]];
     c->timeout_ms = parent->timeout_ms;
+    if (xccl_comm_topo_init(c) < 0) {
+        free(c->world);
+        free(c);
+        return XCCL_ERROR(XCCL_ERR_NO_MEMORY, "comm split: out of memory");
+    }
 
     pthread_mutex_lock(&ctx->lock);
     /* how many splits of the parent had this exact member list before */

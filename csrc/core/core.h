@@ -131,6 +131,7 @@ struct xccl_comm {
         uint64_t      t_enq, t_end;
     } flight[32];
     uint64_t     nflight;
+    xccl_topo_t  topo;  /* nodes of the members and the α-β of links (topo.c)           */
     void        *spare; /* scratch kept from a finished operation (coll.c)             */
     size_t       spare_len;
     xccl_comm_t *next; /* ctx->comms */
@@ -264,6 +265,10 @@ void          xccl_coll_mismatch(xccl_comm_t *comm, uint64_t seq, int peer_rank,
 void          xccl_comm_fail_all(xccl_comm_t *comm, xccl_status_t st, const char *why);
 xccl_comm_t  *xccl_ctx_find_comm(xccl_ctx_t *ctx, uint64_t id);
 int           xccl_comm_rank_of_world(const xccl_comm_t *comm, int world_rank);
+
+/* topo.c: fills comm->topo from the members' host identities and the transports' models;
+ * called once the member list (comm->world) is set. */
+xccl_status_t xccl_comm_topo_init(xccl_comm_t *comm);
 
 /* explain.c: the α-β-γ model used for selection. */
 const xccl_cost_model_t *xccl_core_default_model(void);

@@ -44,17 +44,24 @@ static uint64_t hash64(const void *data, size_t len, uint64_t seed)
 
 static void local_peer_info(xccl_peer_info_t *pi)
 {
-    char  buf[512] = {0};
-    char  host[256] = {0};
-    FILE *f;
-    char  ns[64] = {0};
+    char        buf[512] = {0};
+    char        host[256] = {0};
+    FILE       *f;
+    char        ns[64]  = {0};
+    const char *forced = getenv("XCCL_HOST_ID");
 
-    f = fopen("/proc/sys/kernel/random/boot_id", "r");
-    if (f != NULL) {
-        if (fgets(buf, sizeof(buf) - sizeof(host), f) == NULL) buf[0] = '\0';
-        fclose(f);
+    if (forced != NULL && *forced != '\0') {
+        /* the host's name given explicitly: processes that share a kernel but must not share
+         * memory (some container set-ups), or tests that split one machine into "hosts" */
+        snprintf(buf, sizeof(buf), "id:%s", forced);
+    } else {
+        f = fopen("/proc/sys/kernel/random/boot_id", "r");
+        if (f != NULL) {
+            if (fgets(buf, sizeof(buf) - sizeof(host), f) == NULL) buf[0] = '\0';
+            fclose(f);
+        }
+        if (gethostname(host, sizeof(host) - 1) != 0) host[0] = '\0';
     }
-    if (gethostname(host, sizeof(host) - 1) != 0) host[0] = '\0';
     strncat(buf, host, sizeof(buf) - strlen(buf) - 1);
     memset(pi, 0, sizeof(*pi));
     pi->host_id  = hash64(buf, strlen(buf), 0x686f7374);
@@ -147,6 +154,7 @@ static void ctx_free(xccl_ctx_t *ctx)
         ctx->comms     = c->next;
         free(c->trace);
         free(c->world);
+        free((void *)c->topo.node_of);
         free(c->spare);
         free(c);
     }

@@ -2,7 +2,7 @@
  *
  * py_introspect.c - the introspection part of xccl._C: explain() and default_model() (the
  * cost model behind algorithm selection), and the Comm methods trace(), trace_drain(),
- * trace_dropped() and flight_dump() (step tracing and the flight recorder).
+ * trace_dropped() and flight_dump() (step tracing and the flight recorder), cost_model().
  *
  * Every function here runs with the GIL held and calls only quick, non-blocking C functions
  * (they take the engine's lock for a few microseconds; the engine never waits for the GIL
@@ -266,4 +266,17 @@ PyObject *xccl_py_comm_diag_table(PyObject *self, PyObject *arg)
     text = PyUnicode_DecodeUTF8(buf, (Py_ssize_t)n, "replace");
     PyMem_Free(buf);
     return text;
+}
+
+/* cost_model() -> (alpha, beta, gamma, nnodes). */
+PyObject *xccl_py_comm_cost_model(PyObject *self, PyObject *unused)
+{
+    xccl_comm_t *comm;
+    double       m[3];
+    int          nnodes;
+
+    (void)unused;
+    if ((comm = live(self, "cost_model")) == NULL) return NULL;
+    xccl_comm_cost_model(comm, m, &nnodes);
+    return Py_BuildValue("(dddi)", m[0], m[1], m[2], nnodes);
 }

@@ -197,6 +197,9 @@ class Comm:
         op ("all_reduce", "send", ...), algo and transport ("tcp", "shm", "local", ...)."""
     def trace_dropped(self) -> int:
         """Events lost to a full buffer since tracing started."""
+    def cost_model(self) -> tuple[float, float, float, int]:
+        """(α s, β s/byte, γ s/byte, nodes): the model the engine chooses this communicator's
+        one-level algorithms with (its transport's between hosts when it spans several)."""
     def flight_dump(self) -> str:
         """The flight recorder as a text table: the last operations of the communicator
         (seq, operation, algo, state, age_ms) and, for pending ones, whom they wait for

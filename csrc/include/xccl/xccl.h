@@ -353,6 +353,11 @@ size_t        xccl_comm_trace_drain(xccl_comm_t *comm, xccl_trace_event_t *out, 
 /* Number of events dropped because the buffer was full since tracing started. */
 uint64_t      xccl_comm_trace_dropped(const xccl_comm_t *comm);
 
+/* The α-β-γ model ({alpha s, beta s/byte, gamma s/byte}) the communicator prices one-level
+ * algorithms with: its transport's between hosts when its members span several hosts
+ * (*nnodes > 1), else the one inside a host. nnodes may be NULL. */
+void xccl_comm_cost_model(const xccl_comm_t *comm, double model[3], int *nnodes);
+
 /* Flight recorder: a text table of the last operations of the communicator (completed ones
  * and the pending ones with what they wait for). Returns the length written (truncated to
  * len - 1, always NUL-terminated). */

@@ -153,6 +153,12 @@ typedef struct xccl_transport_ops {
     xccl_status_t (*mem_reg)(xccl_tp_ctx_t *ctx, void *ptr, size_t nbytes, xccl_mem_type_t mem,
                              void **mr);
     void (*mem_dereg)(xccl_tp_ctx_t *ctx, void *mr);
+
+    /* Optional (0: the core's defaults): the α-β model of one message on this transport,
+     * seconds per message and seconds per byte, which the core uses to choose algorithms
+     * for communicators whose links are of this transport. */
+    double alpha;
+    double beta;
 } xccl_transport_ops_t;
 
 #ifdef __cplusplus

@@ -54,7 +54,7 @@ class Model:
     beta: float
     gamma: float
     transport: str = ""
-    source: str = "default"  # "default", "fit" or "user"
+    source: str = "default"  # "default", "group", "fit" or "user"
     rel_error: Optional[float] = None  # of a fit: median |measured - predicted| / measured
 
     @classmethod
@@ -110,6 +110,16 @@ def _group_size(group: Any, size: Optional[int]) -> int:
     if pg is None:
         raise ValueError("explain: this process is not a member of the group")
     return pg.size()
+
+
+def _group_model(group: Any) -> Model:
+    """The model the engine prices `group`'s one-level algorithms with."""
+    from .. import _group
+
+    pg = _group.resolve(group)
+    a, b, g, nnodes = pg.comm.cost_model()
+    hosts = f"{nnodes} hosts" if nnodes > 1 else "1 host"
+    return Model(a, b, g, transport=f"this group's links, {hosts}", source="group")
 
 
 def _fmt_bytes(n: float) -> str:
@@ -208,13 +218,15 @@ def explain(
     nccl-tests size: the whole vector of an all-reduce, the whole output of an all-gather)
     on the ranks of `group` (default: the default group) or on `size` ranks.
 
-    `model` is a :class:`Model`, a tuple (α, β, γ), or None for the engine's default. The
-    result prints as a table and is a list of dicts (see :class:`Explanation`)."""
+    `model` is a :class:`Model`, a tuple (α, β, γ), or None: the model the engine chooses
+    with for `group` (its transport's α and β: shared memory inside a host, TCP between
+    hosts), or the engine's default when only `size` is given. The result prints as a table
+    and is a list of dicts (see :class:`Explanation`)."""
     from .. import _C
 
     coll = canonical_collective(collective)
     p = _group_size(group, size)
-    m = _as_model(model)
+    m = _as_model(model) if model is not None or size is not None else _group_model(group)
     rows = _C.explain(coll, int(nbytes), p, m.as_tuple())
     for r in rows:
         r["latency_s"] = m.alpha * r["steps"]

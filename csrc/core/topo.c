@@ -1,0 +1,79 @@
+/* SPDX-License-Identifier: Apache-2.0
+ *
+ * topo.c - the two-level view of a communicator: which members share a node, and what a
+ * message costs inside a node and between nodes.
+ *
+ * A node is what the shared-memory transport can span: equal host identity (boot id and host
+ * name, exchanged through the store at bootstrap) and equal IPC namespace. Nodes are numbered
+ * in the order of their lowest member rank, so every member computes the same numbering from
+ * the same peer table.
+ *
+ * Models: links inside a node are priced with the best loaded transport that serves same-host
+ * peers (XCCL_TP_CAP_INTRA_HOST, e.g. shm), links between nodes with the best one that crosses
+ * hosts (e.g. tcp); a transport that publishes no α/β gets the core's default. Every rank
+ * loads the same transports ($XCCL_TRANSPORTS must agree, like $XCCL_ALGO), so every rank
+ * prices alike and chooses the same algorithm.
+ */
+#include "core/core.h"
+
+#include <stdlib.h>
+
+static xccl_cost_model_t transport_model(const xccl_transport_ops_t *ops)
+{
+    xccl_cost_model_t m = *xccl_core_default_model();
+
+    if (ops != NULL && ops->alpha > 0 && ops->beta > 0) {
+        m.alpha = ops->alpha;
+        m.beta  = ops->beta;
+    }
+    return m;
+}
+
+/* The highest-priority loaded transport with (intra = 1) or without (intra = 0) the
+ * same-host capability; NULL if none. */
+static const xccl_transport_ops_t *best_transport(const xccl_ctx_t *ctx, int intra)
+{
+    const xccl_transport_ops_t *best = NULL;
+
+    for (int i = 0; i < ctx->ntp; i++) {
+        const xccl_transport_ops_t *ops = ctx->tp[i].ops;
+        if (((ops->caps & XCCL_TP_CAP_INTRA_HOST) != 0) != intra) continue;
+        if (best == NULL || ops->priority > best->priority) best = ops;
+    }
+    return best;
+}
+
+xccl_status_t xccl_comm_topo_init(xccl_comm_t *comm)
+{
+    const xccl_ctx_t           *ctx     = comm->ctx;
+    const xccl_transport_ops_t *inter   = best_transport(ctx, 0);
+    const xccl_transport_ops_t *intra   = best_transport(ctx, 1);
+    int                        *node_of = malloc((size_t)comm->size * sizeof(int));
+    int                         nnodes  = 0;
+
+    if (node_of == NULL) return XCCL_ERR_NO_MEMORY;
+    for (int i = 0; i < comm->size; i++) {
+        const xccl_peer_info_t *pi = &ctx->peers[comm->world[i]];
+        node_of[i]                 = -1;
+        for (int j = 0; j < i && node_of[i] < 0; j++) {
+            const xccl_peer_info_t *pj = &ctx->peers[comm->world[j]];
+            if (pj->host_id == pi->host_id && pj->ipc_ns == pi->ipc_ns) node_of[i] = node_of[j];
+        }
+        if (node_of[i] < 0) node_of[i] = nnodes++;
+    }
+    comm->topo.nnodes  = nnodes;
+    comm->topo.node_of = node_of;
+    comm->topo.inter   = transport_model(inter != NULL ? inter : intra);
+    comm->topo.intra   = transport_model(intra != NULL ? intra : inter);
+    return XCCL_OK;
+}
+
+void xccl_comm_cost_model(const xccl_comm_t *comm, double model[3], int *nnodes)
+{
+    const xccl_cost_model_t *m = comm->topo.nnodes > 1 ? &comm->topo.inter : &comm->topo.intra;
+
+    model[0] = m->alpha;
+    model[1] = m->beta;
+    model[2] = m->gamma;
+    if (nnodes != NULL) *nnodes = comm->topo.nnodes;
+}
