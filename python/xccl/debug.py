@@ -25,6 +25,7 @@ import re
 import sys
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any, Optional, TextIO
 
 __all__ = ["ask_ranks", "dump", "flight_records", "local_dump", "parse_flight", "waits_table"]
@@ -63,19 +64,27 @@ def _groups(group: Any = None) -> list[Any]:
     return [pg for pg in list(_group._world.groups) if pg._comm is not None]
 
 
-def local_dump(group: Any = None) -> str:
-    """The flight recorder of every live process group of this process (or of `group`: one
-    ProcessGroup or a list), as the engine prints it: one block per communicator."""
+def _per_comm(group: Any, text: Callable[[Any], str], failed: str) -> str:
+    """text(comm) of every live process group of this process (or of `group`), one block
+    each; `failed` names what could not be had from a communicator destroyed meanwhile."""
     blocks = []
     for pg in _groups(group):
         comm = pg._comm
         if comm is None:
             continue
         try:
-            blocks.append(comm.flight_dump().rstrip("\n"))
+            block = text(comm).strip("\n")
         except Exception as exc:  # a communicator destroyed meanwhile
-            blocks.append(f"comm {pg.group_name!r}: flight recorder unavailable ({exc})")
+            block = f"comm {pg.group_name!r}: {failed} ({exc})"
+        if block:
+            blocks.append(block)
     return "\n".join(blocks) + ("\n" if blocks else "")
+
+
+def local_dump(group: Any = None) -> str:
+    """The flight recorder of every live process group of this process (or of `group`: one
+    ProcessGroup or a list), as the engine prints it: one block per communicator."""
+    return _per_comm(group, lambda comm: comm.flight_dump(), "flight recorder unavailable")
 
 
 def parse_flight(text: str) -> list[dict[str, Any]]:
@@ -178,18 +187,7 @@ def ask_ranks(group: Any = None, wait: float = 0.5) -> str:
     group: "rank N: all_reduce #12 (ring) waiting for recv from rank 1", "rank N: idle, last
     finished #11 barrier", or "rank N: no answer ...". Waits up to `wait` seconds per group
     (less once everyone answered). Ranks are those of the group."""
-    blocks = []
-    for pg in _groups(group):
-        comm = pg._comm
-        if comm is None:
-            continue
-        try:
-            text = comm.diag_table(float(wait)).strip("\n")
-        except Exception as exc:  # a communicator destroyed meanwhile
-            text = f"comm {pg.group_name!r}: cannot ask its ranks ({exc})"
-        if text:
-            blocks.append(text)
-    return "\n".join(blocks) + ("\n" if blocks else "")
+    return _per_comm(group, lambda comm: comm.diag_table(float(wait)), "cannot ask its ranks")
 
 
 def dump(

@@ -781,8 +781,12 @@ static void sweep_reduce_scatter_alias(void)
     }
 }
 
-/* The ring algorithms with tiny chunks: many chunks in flight per step, lag-2 rounds. */
-static void sweep_ring_chunks(void)
+/* Chunked algorithms with tiny chunks, set through their chunk variable `env`: many chunks in
+ * flight (ring: lag-2 rounds; owner: many rounds, chunks of uneven blocks, empty chunks when a
+ * block has fewer elements than there are chunks). `traffic`: compare messages with the cost;
+ * `ag`: the all_gather of the family, if any. */
+static void sweep_chunks(const char *env, const xccl_algo_t *ar, const xccl_algo_t *rs,
+                         const xccl_algo_t *ag, int traffic)
 {
     /* chunk bytes, and the largest count to run with them */
     const struct {
@@ -792,7 +796,7 @@ static void sweep_ring_chunks(void)
     const size_t cnts[] = {1, 7, 100, 1000, 65537};
 
     for (size_t k = 0; k < sizeof(chunks) / sizeof(chunks[0]); k++) {
-        setenv(XCCL_PAT_RING_CHUNK_ENV, chunks[k].bytes, 1);
+        setenv(env, chunks[k].bytes, 1);
         for (size_t si = 0; si < NSIZES; si++) {
             for (size_t ci = 0; ci < sizeof(cnts) / sizeof(cnts[0]); ci++) {
                 int        n     = sizes[si];
@@ -800,91 +804,21 @@ static void sweep_ring_chunks(void)
                 red_case_t c;
                 if (count > chunks[k].max_count) continue;
                 red_case_init(&c, n, count, XCCL_FLOAT32, XCCL_OP_SUM);
-                allreduce_case(&xccl_algo_allreduce_ring, &c, 0);
-                reduce_scatter_case(&xccl_algo_reduce_scatter_ring, &c, 0, count == 7);
+                allreduce_case(ar, &c, traffic);
+                reduce_scatter_case(rs, &c, traffic, 0);
+                reduce_scatter_case(rs, &c, 0, 1); /* result written over its input block */
                 red_case_free(&c);
                 red_case_init(&c, n, count, XCCL_UINT8, XCCL_OP_BXOR);
-                allreduce_case(&xccl_algo_allreduce_ring, &c, 0);
+                allreduce_case(ar, &c, 0);
                 red_case_free(&c);
                 red_case_init(&c, n, count, XCCL_INT32, XCCL_OP_PROD);
-                reduce_scatter_case(&xccl_algo_reduce_scatter_ring, &c, 0, 0);
+                reduce_scatter_case(rs, &c, 0, 0);
                 red_case_free(&c);
-                allgather_case(&xccl_algo_allgather_ring, n, count, XCCL_FLOAT64, 0);
+                if (ag != NULL) allgather_case(ag, n, count, XCCL_FLOAT64, 0);
             }
         }
     }
-
-    /* message accounting with chunks: 24-byte chunks of 4-byte elements, blocks of 60
-     * elements -> 10 chunks each, every one sent once per step under its own number */
-    setenv(XCCL_PAT_RING_CHUNK_ENV, "24", 1);
-    {
-        int               n = 5;
-        size_t            count = 60 * (size_t)n;
-        void             *buf[MAXN];
-        xccl_coll_args_t  args[MAXN];
-        sim_result_t      res;
-        const xccl_algo_t *a = &xccl_algo_allreduce_ring;
-        xccl_cost_t        c = cost_of(a, n, count * 4);
-
-        for (int r = 0; r < n; r++) {
-            buf[r]  = alloc_buf(count * 4, 0);
-            args[r] = (xccl_coll_args_t){.coll   = XCCL_COLL_ALLREDUCE,
-                                         .sbuf   = buf[r],
-                                         .rbuf   = buf[r],
-                                         .count  = count,
-                                         .dtype  = XCCL_INT32,
-                                         .elsize = 4,
-                                         .op     = XCCL_OP_SUM};
-        }
-        if (run(a, n, args, &res, "all_reduce ring chunked")) {
-            for (int r = 0; r < n; r++)
-                CHECK_MSG(sim_sent_msgs(&res, r) == 2 * 4 * 10 &&
-                              (double)sim_sent_bytes(&res, r) == c.bytes,
-                          "chunked ring rank %d: %zu msgs %zu B", r, sim_sent_msgs(&res, r),
-                          sim_sent_bytes(&res, r));
-            CHECK(sim_distinct_steps(&res, 0) == 2 * 4 * 10);
-            /* rounds: reduce-scatter steps two apart, all-gather steps one apart */
-            CHECK(c.steps == 2 * 4 + 3 + 10);
-        }
-        sim_result_free(&res);
-        for (int r = 0; r < n; r++) free(buf[r]);
-    }
-    unsetenv(XCCL_PAT_RING_CHUNK_ENV);
-}
-
-/* The owner algorithms with tiny chunks: many rounds, chunks of uneven blocks, empty chunks
- * when a block has fewer elements than there are chunks; traffic checked against the cost. */
-static void sweep_owner_chunks(void)
-{
-    const struct {
-        const char *bytes;
-        size_t      max_count;
-    } chunks[] = {{"1", 100}, {"24", 1000}, {"4096", 65537}};
-    const size_t cnts[] = {1, 7, 100, 1000, 65537};
-
-    for (size_t k = 0; k < sizeof(chunks) / sizeof(chunks[0]); k++) {
-        setenv(XCCL_PAT_OWNER_CHUNK_ENV, chunks[k].bytes, 1);
-        for (size_t si = 0; si < NSIZES; si++) {
-            for (size_t ci = 0; ci < sizeof(cnts) / sizeof(cnts[0]); ci++) {
-                int        n     = sizes[si];
-                size_t     count = cnts[ci];
-                red_case_t c;
-                if (count > chunks[k].max_count) continue;
-                red_case_init(&c, n, count, XCCL_FLOAT32, XCCL_OP_SUM);
-                allreduce_case(&xccl_algo_allreduce_owner, &c, 1);
-                reduce_scatter_case(&xccl_algo_reduce_scatter_owner, &c, 1, 0);
-                reduce_scatter_case(&xccl_algo_reduce_scatter_owner, &c, 0, 1);
-                red_case_free(&c);
-                red_case_init(&c, n, count, XCCL_UINT8, XCCL_OP_BXOR);
-                allreduce_case(&xccl_algo_allreduce_owner, &c, 0);
-                red_case_free(&c);
-                red_case_init(&c, n, count, XCCL_INT32, XCCL_OP_PROD);
-                reduce_scatter_case(&xccl_algo_reduce_scatter_owner, &c, 0, 0);
-                red_case_free(&c);
-            }
-        }
-    }
-    unsetenv(XCCL_PAT_OWNER_CHUNK_ENV);
+    unsetenv(env);
 }
 
 /* Algorithms that promise rank order, ((x0 + x1) + x2) + ..., on float32 values whose sums
@@ -1217,8 +1151,10 @@ int main(void)
     sweep_reductions();
     sweep_allgather();
     sweep_reduce_scatter_alias();
-    sweep_ring_chunks();
-    sweep_owner_chunks();
+    sweep_chunks(XCCL_PAT_RING_CHUNK_ENV, &xccl_algo_allreduce_ring,
+                 &xccl_algo_reduce_scatter_ring, &xccl_algo_allgather_ring, 0);
+    sweep_chunks(XCCL_PAT_OWNER_CHUNK_ENV, &xccl_algo_allreduce_owner,
+                 &xccl_algo_reduce_scatter_owner, NULL, 1);
     sweep_rank_order();
     CTEST_MAIN_END("test_algos");
 }
