@@ -223,3 +223,23 @@ def test_package_names_stay_functions():
     assert xccl.launch is launch and callable(xccl.trace) and callable(xccl.bench)
     assert xccl.LaunchError is LaunchError and callable(xccl.explain)
     assert callable(xccl.debug.dump)
+
+
+def test_bench_module_calls_the_teaching_function(monkeypatch):
+    import xccl.bench  # the package attribute is now this module: it must still be the function
+    import xccl.teach
+
+    monkeypatch.setattr(xccl.teach, "bench", lambda *a, **k: ("called", a, k))
+    assert xccl.bench("all_reduce", sizes=[8]) == ("called", ("all_reduce",), {"sizes": [8]})
+
+
+def test_python_m_bench_runs_without_warnings():
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-W", "error", "-m", "xccl.bench", "--help"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert out.returncode == 0 and "usage: xccl-bench" in out.stdout, out.stderr
+    assert "Warning" not in out.stderr, out.stderr

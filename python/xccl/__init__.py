@@ -45,10 +45,11 @@ _private = (
 # --- teaching and observability (xccl.launch, trace, debug, explain, bench) -----------------
 # xccl.launch, xccl.trace and xccl.bench are functions, named like modules of this package
 # (xccl/launch.py, xccl/trace.py, and xccl/bench.py: the nccl-tests-like command line,
-# `python -m xccl.bench`). Each module is imported before its name is bound to the function:
-# Python sets a package attribute only when it first loads a submodule, so no later import
-# can put the module back in the function's place.
-from . import bench as _bench_cli  # noqa: E402
+# `python -m xccl.bench`). launch and trace are imported before their names are bound to the
+# functions: Python sets a package attribute only when it first loads a submodule, so no later
+# import can put the module back in the function's place. xccl/bench.py is not imported here
+# (`python -m` would warn that it was loaded twice); once imported it replaces the attribute
+# with itself, a module that is callable as the function (see its end).
 from . import debug, teach  # noqa: E402
 from .launch import LaunchError, LaunchTimeoutError, launch  # noqa: E402
 from .teach import Model, bench, explain  # noqa: E402
@@ -56,4 +57,3 @@ from .trace import Trace, trace  # noqa: E402
 
 __all__ += ["LaunchError", "LaunchTimeoutError", "Model", "Trace", "bench", "debug", "explain",
             "launch", "teach", "trace"]
-_private += (_bench_cli,)

@@ -64,6 +64,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 from collections.abc import Callable, Sequence
 from typing import Any, Optional, TextIO
 
@@ -1325,5 +1326,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return status
 
 
+class _CallableModule(types.ModuleType):
+    """This module once imported: ``import xccl.bench`` binds it to the package attribute
+    ``xccl.bench``, which is the teaching function :func:`xccl.teach.bench`; calling the module
+    runs that function, so the attribute behaves the same whichever Python bound last."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from .teach import bench as bench_fn
+
+        return bench_fn(*args, **kwargs)
+
+
 if __name__ == "__main__":
     sys.exit(main())
+else:
+    sys.modules[__name__].__class__ = _CallableModule
