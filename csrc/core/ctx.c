@@ -387,8 +387,6 @@ out:
     return XCCL_OK;
 }
 
-static void *progress_thread_main(void *arg);
-
 void xccl_ctx_release(xccl_ctx_t *ctx)
 {
     int last;
