@@ -256,11 +256,16 @@ def _explain_vs_run(sizes):
 
     out = []
     for nbytes in sizes:
-        ex = xccl.explain("all_reduce", nbytes)
-        chosen = [r["name"] for r in ex if r["chosen"]]
-        w = xccl.all_reduce(np.ones(nbytes // 4, np.float32), async_op=True)
-        w.wait()
-        out.append((nbytes, chosen, w.algo, ex.model.as_tuple()))
+        for coll in ("all_reduce", "broadcast"):
+            ex = xccl.explain(coll, nbytes)
+            chosen = [r["name"] for r in ex if r["chosen"]]
+            x = np.ones(nbytes // 4, np.float32)
+            if coll == "all_reduce":
+                w = xccl.all_reduce(x, async_op=True)
+            else:
+                w = xccl.broadcast(x, src=0, async_op=True)
+            w.wait()
+            out.append((nbytes, chosen, w.algo, ex.model.as_tuple()))
     return out
 
 
@@ -268,7 +273,7 @@ def _explain_vs_run(sizes):
 def test_explain_in_a_group_predicts_what_runs(transport):
     # inside a group, explain prices with the group's own model (its transport's α, β), so
     # the algorithm it marks is the one the engine then runs
-    rows = launch(_explain_vs_run, 4, [8, 4096, 1 << 16, 1 << 20], transport=transport)
+    rows = launch(_explain_vs_run, 4, [8, 4096, 1 << 16, 1 << 20, 32 << 20], transport=transport)
     for nbytes, chosen, ran, _ in rows[0]:
         assert chosen == [ran], (nbytes, chosen, ran)
     alphas = {model[0] for _, _, _, model in rows[0]}

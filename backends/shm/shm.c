@@ -1352,7 +1352,7 @@ static xccl_status_t shm_get_addr(xccl_tp_ctx_t *ctx, void *addr, size_t *len)
 const xccl_transport_ops_t xccl_transport_shm = {
     .abi_version = XCCL_TRANSPORT_ABI_VERSION,
     .name        = "shm",
-    .caps        = XCCL_TP_CAP_HOST_MEM | XCCL_TP_CAP_INTRA_HOST,
+    .caps        = XCCL_TP_CAP_HOST_MEM | XCCL_TP_CAP_INTRA_HOST | XCCL_TP_CAP_RECV_PULL,
     .priority    = 20,
     /* a slot through a ring (~1-2 us with the call around it); bulk data is one copy (CMA)
      * at memory speed */

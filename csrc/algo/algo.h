@@ -65,11 +65,14 @@ typedef struct xccl_cost_model {
 
 /* Where the ranks of a communicator live, for two-level algorithms: node_of[r] in [0, nnodes)
  * is the node (host) of rank r, nodes numbered in the order of their lowest rank; messages
- * inside a node cost `intra`, between nodes `inter`. Identical on every rank. */
+ * inside a node cost `intra`, between nodes `inter`; `pull`: inside a node, receivers copy
+ * large payloads from the sender's memory themselves (so a sender's fan-out is parallel).
+ * Identical on every rank. */
 typedef struct xccl_topo {
     int               nnodes;
     const int        *node_of;
     xccl_cost_model_t intra, inter;
+    int               pull;
 } xccl_topo_t;
 
 typedef struct xccl_coll_args {
@@ -82,7 +85,7 @@ typedef struct xccl_coll_args {
     xccl_op_t     op;    /* base operator                                               */
     int           root;
     const size_t *scounts, *sdispls, *rcounts, *rdispls; /* ALLTOALLV only             */
-    const xccl_topo_t *topo; /* NULL: one level (the simulator, single-node callers)     */
+    const xccl_topo_t *topo; /* NULL: unknown (the simulator, explain without a group)    */
 } xccl_coll_args_t;
 
 #define XCCL_STEP_MAX         ((1u << 20) - 1)

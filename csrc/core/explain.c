@@ -21,38 +21,66 @@ void xccl_default_model(double model[3])
     model[2] = default_model.gamma;
 }
 
-xccl_status_t xccl_explain(const char *coll, size_t nbytes, int size, const double *model,
-                           xccl_algo_info_t *out, int max, int *n)
+/* The arguments explain prices: a byte vector of the collective's nbytes (the size in the
+ * nccl-tests sense) on `size` ranks. */
+static xccl_status_t explain_args(const char *coll, size_t nbytes, int size,
+                                  xccl_coll_args_t *args)
 {
-    xccl_cost_model_t         m;
-    xccl_coll_t               c;
-    const xccl_algo_t *const *list;
-    const xccl_algo_t        *chosen = NULL;
-    xccl_coll_args_t          args   = {0};
-    int                       k      = 0;
+    xccl_coll_t c;
 
-    if (coll == NULL || out == NULL || n == NULL || size < 1)
-        return XCCL_ERROR(XCCL_ERR_INVALID_ARG, "explain: collective, output and size >= 1 needed");
     for (c = 0; c < XCCL_COLL_COUNT; c++) {
         if (strcmp(xccl_coll_name(c), coll) == 0) break;
     }
     if (c == XCCL_COLL_COUNT)
         return XCCL_ERROR(XCCL_ERR_INVALID_ARG, "explain: unknown collective '%s'", coll);
+    memset(args, 0, sizeof(*args));
+    args->coll   = c;
+    args->dtype  = XCCL_UINT8;
+    args->elsize = 1;
+    args->op     = XCCL_OP_SUM;
+    args->count  = c == XCCL_COLL_ALLREDUCE || c == XCCL_COLL_BROADCAST || c == XCCL_COLL_REDUCE
+                       ? nbytes
+                       : nbytes / (size_t)size;
+    return XCCL_OK;
+}
+
+xccl_status_t xccl_comm_choose(const xccl_comm_t *comm, const char *coll, size_t nbytes,
+                               char *name, size_t len)
+{
+    xccl_coll_args_t   args;
+    const xccl_algo_t *chosen;
+
+    if (comm == NULL || coll == NULL || name == NULL || len == 0)
+        return XCCL_ERROR(XCCL_ERR_INVALID_ARG, "choose: comm, collective and name needed");
+    XCCL_CHECK(explain_args(coll, nbytes, comm->size, &args));
+    args.topo = &comm->topo; /* as coll.c passes it */
+    XCCL_CHECK(xccl_algo_select(&args, comm->size, nbytes,
+                                comm->topo.nnodes > 1 ? &comm->topo.inter : &comm->topo.intra,
+                                NULL, &chosen));
+    snprintf(name, len, "%s", chosen->name);
+    return XCCL_OK;
+}
+
+xccl_status_t xccl_explain(const char *coll, size_t nbytes, int size, const double *model,
+                           xccl_algo_info_t *out, int max, int *n)
+{
+    xccl_cost_model_t         m;
+    const xccl_algo_t *const *list;
+    const xccl_algo_t        *chosen = NULL;
+    xccl_coll_args_t          args;
+    int                       k = 0;
+
+    if (coll == NULL || out == NULL || n == NULL || size < 1)
+        return XCCL_ERROR(XCCL_ERR_INVALID_ARG, "explain: collective, output and size >= 1 needed");
+    XCCL_CHECK(explain_args(coll, nbytes, size, &args));
     m = default_model;
     if (model != NULL) {
         m.alpha = model[0];
         m.beta  = model[1];
         m.gamma = model[2];
     }
-    args.coll   = c;
-    args.dtype  = XCCL_UINT8;
-    args.elsize = 1;
-    args.op     = XCCL_OP_SUM;
-    args.count  = c == XCCL_COLL_ALLREDUCE || c == XCCL_COLL_BROADCAST || c == XCCL_COLL_REDUCE
-                      ? nbytes
-                      : nbytes / (size_t)size;
     if (xccl_algo_select(&args, size, nbytes, &m, NULL, &chosen) < 0) chosen = NULL;
-    list = xccl_algo_list(c);
+    list = xccl_algo_list(args.coll);
     for (int i = 0; list != NULL && list[i] != NULL && k < max; i++, k++) {
         const xccl_algo_t *a = list[i];
         xccl_cost_t        cost = {0};

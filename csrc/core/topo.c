@@ -65,6 +65,7 @@ xccl_status_t xccl_comm_topo_init(xccl_comm_t *comm)
     comm->topo.node_of = node_of;
     comm->topo.inter   = transport_model(inter != NULL ? inter : intra);
     comm->topo.intra   = transport_model(intra != NULL ? intra : inter);
+    comm->topo.pull    = intra != NULL && (intra->caps & XCCL_TP_CAP_RECV_PULL) != 0;
     return XCCL_OK;
 }
 

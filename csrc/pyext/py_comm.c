@@ -898,6 +898,8 @@ static PyMethodDef comm_methods[] = {
      "trace_drain() -> list of dicts: the recorded events, oldest first (removed)."},
     {"trace_dropped", xccl_py_comm_trace_dropped, METH_NOARGS,
      "trace_dropped() -> events lost to a full buffer since tracing started."},
+    {"choose", xccl_py_comm_choose, METH_VARARGS,
+     "choose(collective, nbytes) -> str: the algorithm a call would run now (no algo=)."},
     {"cost_model", xccl_py_comm_cost_model, METH_NOARGS,
      "cost_model() -> (alpha, beta, gamma, nnodes): the model its algorithms are chosen with."},
     {"flight_dump", xccl_py_comm_flight_dump, METH_NOARGS,

@@ -280,3 +280,18 @@ PyObject *xccl_py_comm_cost_model(PyObject *self, PyObject *unused)
     xccl_comm_cost_model(comm, m, &nnodes);
     return Py_BuildValue("(dddi)", m[0], m[1], m[2], nnodes);
 }
+
+/* choose(collective, nbytes) -> the algorithm name a call would run now. */
+PyObject *xccl_py_comm_choose(PyObject *self, PyObject *args)
+{
+    xccl_comm_t       *comm;
+    const char        *coll;
+    unsigned long long nbytes;
+    char               name[64];
+
+    if (!PyArg_ParseTuple(args, "sK:choose", &coll, &nbytes)) return NULL;
+    if ((comm = live(self, "choose")) == NULL) return NULL;
+    if (xccl_comm_choose(comm, coll, (size_t)nbytes, name, sizeof(name)) < 0)
+        return xccl_py_raise_last(xccl_py_state_of(self), XCCL_ERR_INVALID_ARG);
+    return PyUnicode_FromString(name);
+}

@@ -197,6 +197,9 @@ class Comm:
         op ("all_reduce", "send", ...), algo and transport ("tcp", "shm", "local", ...)."""
     def trace_dropped(self) -> int:
         """Events lost to a full buffer since tracing started."""
+    def choose(self, collective: str, nbytes: int) -> str:
+        """The algorithm a call of `collective` with `nbytes` would run now (no algo=): the
+        cost model with this communicator's models and topology, and the built-in rules."""
     def cost_model(self) -> tuple[float, float, float, int]:
         """(α s, β s/byte, γ s/byte, nodes): the model the engine chooses this communicator's
         one-level algorithms with (its transport's between hosts when it spans several)."""

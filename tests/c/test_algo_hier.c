@@ -233,6 +233,30 @@ static void test_selection(void)
     args.topo    = &topo;
     st           = xccl_algo_select(&args, 8, 8, &topo.inter, NULL, &chosen);
     CHECK(st == XCCL_OK && chosen == &xccl_algo_allreduce_hier);
+    /* broadcast: linear from 1 MiB on one node whose receivers pull (cross-memory attach) */
+    {
+        xccl_coll_args_t b = args;
+        xccl_topo_t      one = topo;
+        int              zero[8] = {0};
+        b.coll       = XCCL_COLL_BROADCAST;
+        b.count      = (size_t)1 << 20;
+        b.topo       = &one;
+        one.nnodes   = 1;
+        one.node_of  = zero;
+        one.pull     = 1;
+        CHECK(xccl_algo_select(&b, 4, (size_t)4 << 20, &one.intra, NULL, &chosen) == XCCL_OK &&
+              strcmp(chosen->name, "linear") == 0);
+        CHECK(xccl_algo_select(&b, 4, (size_t)4 << 20, &one.intra, "auto", &chosen) == XCCL_OK &&
+              strcmp(chosen->name, "linear") != 0);
+        one.pull = 0;
+        CHECK(xccl_algo_select(&b, 4, (size_t)4 << 20, &one.intra, NULL, &chosen) == XCCL_OK &&
+              strcmp(chosen->name, "linear") != 0);
+        b.topo = &topo; /* two nodes */
+        topo.pull = 1;
+        CHECK(xccl_algo_select(&b, 8, (size_t)4 << 20, &topo.inter, NULL, &chosen) == XCCL_OK &&
+              strcmp(chosen->name, "linear") != 0);
+        topo.pull = 0;
+    }
     /* the built-in large-vector rule (owner) is for one host only: across hosts, the model */
     st = xccl_algo_select(&args, 8, (size_t)64 << 20, &topo.inter, NULL, &chosen);
     CHECK(st == XCCL_OK && strcmp(chosen->name, "owner") != 0);

@@ -357,6 +357,11 @@ uint64_t      xccl_comm_trace_dropped(const xccl_comm_t *comm);
  * algorithms with: its transport's between hosts when its members span several hosts
  * (*nnodes > 1), else the one inside a host. nnodes may be NULL. */
 void xccl_comm_cost_model(const xccl_comm_t *comm, double model[3], int *nnodes);
+/* The algorithm a call of `coll` ("all_reduce", ...) with nbytes (as in xccl_explain) would
+ * run on this communicator with no algo= and $XCCL_ALGO as it is: the cost model with the
+ * communicator's topology and models, and the built-in rules. Its name into name[len]. */
+xccl_status_t xccl_comm_choose(const xccl_comm_t *comm, const char *coll, size_t nbytes,
+                               char *name, size_t len);
 
 /* Flight recorder: a text table of the last operations of the communicator (completed ones
  * and the pending ones with what they wait for). Returns the length written (truncated to

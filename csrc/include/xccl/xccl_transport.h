@@ -106,6 +106,9 @@ enum {
     XCCL_TP_CAP_CUDA_MEM   = 1u << 1, /* data path accepts device memory                     */
     XCCL_TP_CAP_NEEDS_REG  = 1u << 2, /* buffers must be registered with mem_reg first       */
     XCCL_TP_CAP_INTRA_HOST = 1u << 3, /* reaches peers on the same host only                 */
+    /* large payloads are copied by the receiver straight from the sender's memory (e.g.
+     * cross-memory attach), so the receivers of one sender copy in parallel */
+    XCCL_TP_CAP_RECV_PULL  = 1u << 4,
 };
 
 typedef struct xccl_transport_ops {

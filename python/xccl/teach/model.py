@@ -226,8 +226,17 @@ def explain(
 
     coll = canonical_collective(collective)
     p = _group_size(group, size)
-    m = _as_model(model) if model is not None or size is not None else _group_model(group)
+    in_group = model is None and size is None
+    m = _group_model(group) if in_group else _as_model(model)
     rows = _C.explain(coll, int(nbytes), p, m.as_tuple())
+    if in_group:
+        # what the engine will run for this group, which may be a built-in rule's choice
+        # (measured, outside the model) or a two-level algorithm priced with both links
+        from .. import _group
+
+        runs = _group.resolve(group).comm.choose(coll, int(nbytes))
+        for r in rows:
+            r["chosen"] = r["name"] == runs
     for r in rows:
         r["latency_s"] = m.alpha * r["steps"]
         r["bandwidth_s"] = m.beta * r["bytes"]
