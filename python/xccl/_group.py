@@ -140,11 +140,21 @@ class _World:
 # One _World per process, except in threads given their own with _set_thread_world
 # (xccl.launch(mode="threads") runs every rank as a thread of one process).
 _process_world = _World()
-_tls = threading.local()
+
+
+class _ThreadWorld(threading.local):
+    """The calling thread's own _World, or None. A class attribute gives threads that never
+    set one a plain None: getattr(local, name, None) on a missing name costs an exception,
+    about 0.7 µs on every collective."""
+
+    world: Optional[_World] = None
+
+
+_tls = _ThreadWorld()
 
 
 def _current_world() -> _World:
-    world = getattr(_tls, "world", None)
+    world = _tls.world
     return _process_world if world is None else world
 
 
