@@ -493,6 +493,24 @@ def barrier(
 # ---------------------------------------------------------------------------------------------
 
 
+def _gather_buffer(
+    pg: ProcessGroup, tensor: Any, outs: list[Any], op: str, name: str
+) -> tuple[Any, Any, Callable[[], None]]:
+    """For gathering `tensor` of every rank into the list `outs` (argument `name`, checked:
+    one tensor per rank, each with tensor's element count and dtype): the input as a native
+    tensor, one flat buffer for all blocks, and the function copying it out into `outs`."""
+    n = pg.size()
+    _check_count(outs, n, f"{op}: {name}")
+    src = T.native(tensor, "tensor")
+    count = T.numel(src)
+    outs = _natives_out(outs, name)
+    for i, o in enumerate(outs):
+        _check_numel(o, count, f"{op}: {name}[{i}]", "same as the input tensor")
+    T.check_same_dtype([src, *outs])
+    buf = T.empty_flat(src, n * count)
+    return src, buf, _copy_out(outs, buf, [count] * n)
+
+
 def all_gather(
     tensor_list: list[Any],
     tensor: Any,
@@ -507,17 +525,9 @@ def all_gather(
     pg = _member(group, "all_gather")
     if pg is None:
         return None
-    n = pg.size()
-    _check_count(outs, n, "all_gather: tensor_list")
-    src = T.native(tensor, "tensor")
-    count = T.numel(src)
-    outs = _natives_out(outs, "tensor_list")
-    for i, o in enumerate(outs):
-        _check_numel(o, count, f"all_gather: tensor_list[{i}]", "same as the input tensor")
-    T.check_same_dtype([src, *outs])
-    buf = T.empty_flat(src, n * count)
+    src, buf, finish = _gather_buffer(pg, tensor, outs, "all_gather", "tensor_list")
     cwork = pg.comm.allgather(src, buf, algo, pg._timeout_arg)
-    return _done(cwork, tensor_list, async_op, _copy_out(outs, buf, [count] * n))
+    return _done(cwork, tensor_list, async_op, finish)
 
 
 def gather(
@@ -549,17 +559,9 @@ def gather(
     if not gather_list:
         raise ValueError("Argument ``gather_list`` must be specified on destination rank.")
     outs = T.check_tensor_list(gather_list, "gather_list")
-    n = pg.size()
-    _check_count(outs, n, "gather: gather_list")
-    src = T.native(tensor, "tensor")
-    count = T.numel(src)
-    outs = _natives_out(outs, "gather_list")
-    for i, o in enumerate(outs):
-        _check_numel(o, count, f"gather: gather_list[{i}]", "same as the input tensor")
-    T.check_same_dtype([src, *outs])
-    buf = T.empty_flat(src, n * count)
+    src, buf, finish = _gather_buffer(pg, tensor, outs, "gather", "gather_list")
     cwork = pg.comm.gather(src, buf, root, algo, pg._timeout_arg)
-    return _done(cwork, gather_list, async_op, _copy_out(outs, buf, [count] * n))
+    return _done(cwork, gather_list, async_op, finish)
 
 
 def scatter(
