@@ -49,13 +49,10 @@ static xccl_status_t xfer_blocks(xccl_task_t *t, int send, int peer, int b0, int
  *
  * cost: n-2 + C α, (n-1)/n N β.
  * ------------------------------------------------------------------------------------------- */
-/* Chunks per block for blocks of block_bytes (same on every rank: $XCCL_RING_CHUNK_BYTES). */
+/* Chunks per block of a ring over n ranks (n - 1 steps). */
 static int ring_nchunks(size_t block_bytes, size_t elsize, int n)
 {
-    int64_t chunk = xccl_env_int(XCCL_PAT_RING_CHUNK_ENV, XCCL_PAT_RING_CHUNK_DEFAULT);
-
-    if (chunk < (int64_t)elsize) chunk = (int64_t)elsize;
-    return xccl_pat_ring_nchunks(block_bytes, (size_t)chunk, n - 1, XCCL_STEP_MAX + 1u);
+    return xccl_pat_ring_chunks_env(block_bytes, elsize, n - 1);
 }
 
 static xccl_status_t ring_progress(xccl_task_t *t)

@@ -78,8 +78,9 @@ static size_t ring_chunk(const ring_ctx_t *x, int b, int c, size_t *off)
     return xccl_pat_block_count(bcnt, x->pipe.nchunks, c);
 }
 
-static xccl_status_t ring_post(const ring_ctx_t *x, int k)
+static xccl_status_t ring_post(const void *arg, int k)
 {
+    const ring_ctx_t *x = arg;
     int n = x->size, r = x->rank;
 
     for (int s = 0; s < x->pipe.nsteps; s++) {
@@ -109,8 +110,9 @@ static xccl_status_t ring_post(const ring_ctx_t *x, int k)
 
 /* Reduces the reduce-scatter chunks received in round j: those whose next step is posted in
  * round j+1 when `urgent`, the others otherwise. */
-static xccl_status_t ring_reduce(const ring_ctx_t *x, int j, int urgent)
+static xccl_status_t ring_reduce(const void *arg, int j, int urgent)
 {
+    const ring_ctx_t *x = arg;
     for (int s = 0; s < x->pipe.nred; s++) {
         int    c = xccl_pat_pipe_chunk(&x->pipe, s, j), b;
         size_t off, cnt;
@@ -126,13 +128,10 @@ static xccl_status_t ring_reduce(const ring_ctx_t *x, int j, int urgent)
     return XCCL_OK;
 }
 
-/* Chunks per block for blocks of block_bytes (same on every rank: $XCCL_RING_CHUNK_BYTES). */
+/* Chunks per block of a ring over n ranks (2 * (n - 1) steps). */
 static int ring_nchunks(size_t block_bytes, size_t elsize, int n)
 {
-    int64_t chunk = xccl_env_int(XCCL_PAT_RING_CHUNK_ENV, XCCL_PAT_RING_CHUNK_DEFAULT);
-
-    if (chunk < (int64_t)elsize) chunk = (int64_t)elsize;
-    return xccl_pat_ring_nchunks(block_bytes, (size_t)chunk, 2 * (n - 1), XCCL_STEP_MAX + 1u);
+    return xccl_pat_ring_chunks_env(block_bytes, elsize, 2 * (n - 1));
 }
 
 static xccl_status_t ring_progress(xccl_task_t *t)
@@ -140,7 +139,6 @@ static xccl_status_t ring_progress(xccl_task_t *t)
     const xccl_coll_args_t *a = xccl_task_args(t);
     uint64_t               *w = xccl_task_state(t); /* w[0]: next round, w[1]: chunks */
     ring_ctx_t              x;
-    xccl_status_t           st;
     int                     rounds;
 
     x.t     = t;
@@ -158,18 +156,7 @@ static xccl_status_t ring_progress(xccl_task_t *t)
     if (x.stage == NULL) return XCCL_ERR_NO_MEMORY;
     rounds = xccl_pat_pipe_rounds(&x.pipe);
 
-    /* Round k: reduce what round k's sends need, post round k, reduce the rest of round k-1.
-     * One extra round (k == rounds) only reduces. */
-    while ((st = xccl_task_test(t)) == XCCL_OK) {
-        int k = (int)w[0];
-
-        if (k > rounds) return XCCL_OK;
-        if (k > 0) XCCL_CHECK(ring_reduce(&x, k - 1, 1));
-        if (k < rounds) XCCL_CHECK(ring_post(&x, k));
-        if (k > 0) XCCL_CHECK(ring_reduce(&x, k - 1, 0));
-        w[0] = (uint64_t)k + 1;
-    }
-    return st;
+    return xccl_pat_pipe_run(t, &w[0], rounds, &x, ring_post, ring_reduce);
 }
 
 static void ring_cost(int n, size_t nbytes, xccl_cost_t *out)

@@ -14,6 +14,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "algo/algo.h"
+#include "core/check.h"
+
 /* ---------------------------------------------------------------------------------------------
  * Integers
  * ------------------------------------------------------------------------------------------- */
@@ -159,6 +162,16 @@ static inline int xccl_pat_ring_nchunks(size_t block_bytes, size_t chunk_bytes, 
     return c < 1 ? 1 : (int)c;
 }
 
+/* Chunks per block of block_bytes for a ring of nsteps steps, with chunks of
+ * $XCCL_RING_CHUNK_BYTES (at least one element of elsize bytes); the same on every rank. */
+static inline int xccl_pat_ring_chunks_env(size_t block_bytes, size_t elsize, int nsteps)
+{
+    int64_t chunk = xccl_env_int(XCCL_PAT_RING_CHUNK_ENV, XCCL_PAT_RING_CHUNK_DEFAULT);
+
+    if (chunk < (int64_t)elsize) chunk = (int64_t)elsize;
+    return xccl_pat_ring_nchunks(block_bytes, (size_t)chunk, nsteps, XCCL_STEP_MAX + 1u);
+}
+
 static inline xccl_pat_pipe_t xccl_pat_pipe(int nsteps, int nred, int nchunks)
 {
     xccl_pat_pipe_t p = {nsteps, nred, nchunks, nchunks > 1 && nred > 0 ? 2 : 1};
@@ -185,6 +198,30 @@ static inline int xccl_pat_pipe_chunk(const xccl_pat_pipe_t *p, int s, int k)
 static inline uint32_t xccl_pat_pipe_step(const xccl_pat_pipe_t *p, int s, int c)
 {
     return (uint32_t)s * (uint32_t)p->nchunks + (uint32_t)c;
+}
+
+/* Drives a pipelined schedule of `rounds` rounds whose state is `x`; *round is the resume
+ * point (task state). Once round k-1's messages are done: reduce what round k's sends need
+ * (reduce(x, k-1, 1)), post round k, then reduce the rest of round k-1 (reduce(x, k-1, 0)).
+ * One extra round only reduces. */
+static inline xccl_status_t xccl_pat_pipe_run(xccl_task_t *t, uint64_t *round, int rounds,
+                                              const void *x,
+                                              xccl_status_t (*post)(const void *x, int k),
+                                              xccl_status_t (*reduce)(const void *x, int j,
+                                                                      int urgent))
+{
+    xccl_status_t st;
+
+    while ((st = xccl_task_test(t)) == XCCL_OK) {
+        int k = (int)*round;
+
+        if (k > rounds) return XCCL_OK;
+        if (k > 0) XCCL_CHECK(reduce(x, k - 1, 1));
+        if (k < rounds) XCCL_CHECK(post(x, k));
+        if (k > 0) XCCL_CHECK(reduce(x, k - 1, 0));
+        *round = (uint64_t)k + 1;
+    }
+    return st;
 }
 
 /* ---------------------------------------------------------------------------------------------
