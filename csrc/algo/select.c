@@ -292,10 +292,11 @@ xccl_status_t xccl_algo_select(const xccl_coll_args_t *args, int size, size_t nb
                        i < sizeof(builtin_rules) / sizeof(builtin_rules[0]);
          i++) {
         const struct builtin_rule *b = &builtin_rules[i];
-        const xccl_algo_t         *a = xccl_algo_find(args->coll, b->algo);
-        if (b->coll != args->coll || nbytes < b->lo || a == NULL) continue;
+        const xccl_algo_t         *a;
+        if (b->coll != args->coll || nbytes < b->lo) continue;
         if (b->pull && (args->topo == NULL || !args->topo->pull)) continue;
-        if (a->applicable != NULL && !a->applicable(args, size)) continue;
+        a = xccl_algo_find(args->coll, b->algo); /* by name only once a rule applies */
+        if (a == NULL || (a->applicable != NULL && !a->applicable(args, size))) continue;
         *out = a;
         return XCCL_OK;
     }
