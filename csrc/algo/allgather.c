@@ -15,17 +15,6 @@
 #include "algo/patterns.h"
 #include "core/check.h"
 
-static xccl_status_t send_nz(xccl_task_t *t, int peer, const void *buf, size_t nbytes,
-                             uint32_t step)
-{
-    return nbytes == 0 ? XCCL_OK : xccl_task_isend(t, peer, buf, nbytes, step);
-}
-
-static xccl_status_t recv_nz(xccl_task_t *t, int peer, void *buf, size_t nbytes, uint32_t step)
-{
-    return nbytes == 0 ? XCCL_OK : xccl_task_irecv(t, peer, buf, nbytes, step);
-}
-
 /* Sends (or receives) blocks [b0, b1) of rbuf. */
 static xccl_status_t xfer_blocks(xccl_task_t *t, int send, int peer, int b0, int b1,
                                  uint32_t step)
@@ -35,7 +24,7 @@ static xccl_status_t xfer_blocks(xccl_task_t *t, int send, int peer, int b0, int
     char                   *p  = (char *)a->rbuf + (size_t)b0 * bb;
     size_t                  nbytes = (size_t)(b1 - b0) * bb;
 
-    return send ? send_nz(t, peer, p, nbytes, step) : recv_nz(t, peer, p, nbytes, step);
+    return send ? xccl_pat_send_nz(t, peer, p, nbytes, step) : xccl_pat_recv_nz(t, peer, p, nbytes, step);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -84,9 +73,9 @@ static xccl_status_t ring_progress(xccl_task_t *t)
             step = xccl_pat_pipe_step(&pipe, s, c) & XCCL_STEP_MAX;
             off  = xccl_pat_block_off(count, pipe.nchunks, c);
             cnt  = xccl_pat_block_count(count, pipe.nchunks, c);
-            XCCL_CHECK(recv_nz(t, xccl_pat_ring_prev(r, n), buf + ((size_t)rb * count + off) * es,
+            XCCL_CHECK(xccl_pat_recv_nz(t, xccl_pat_ring_prev(r, n), buf + ((size_t)rb * count + off) * es,
                                cnt * es, step));
-            XCCL_CHECK(send_nz(t, xccl_pat_ring_next(r, n), buf + ((size_t)sb * count + off) * es,
+            XCCL_CHECK(xccl_pat_send_nz(t, xccl_pat_ring_next(r, n), buf + ((size_t)sb * count + off) * es,
                                cnt * es, step));
         }
         w[0] = (uint64_t)k + 1;

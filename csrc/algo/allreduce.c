@@ -19,23 +19,6 @@
 /* Largest scratch the direct algorithm may take (it holds n-1 incoming messages at once). */
 #define DIRECT_MAX_SCRATCH ((size_t)256 << 20)
 
-static xccl_status_t send_nz(xccl_task_t *t, int peer, const void *buf, size_t nbytes,
-                             uint32_t step)
-{
-    return nbytes == 0 ? XCCL_OK : xccl_task_isend(t, peer, buf, nbytes, step);
-}
-
-static xccl_status_t recv_nz(xccl_task_t *t, int peer, void *buf, size_t nbytes, uint32_t step)
-{
-    return nbytes == 0 ? XCCL_OK : xccl_task_irecv(t, peer, buf, nbytes, step);
-}
-
-static xccl_status_t reduce_nz(xccl_task_t *t, void *dst, const void *a, const void *b,
-                               size_t count)
-{
-    return count == 0 ? XCCL_OK : xccl_task_reduce(t, dst, a, b, count);
-}
-
 static void *scratch(xccl_task_t *t, size_t nbytes, const char *algo)
 {
     void *p = xccl_task_scratch(t, nbytes);
@@ -101,8 +84,8 @@ static xccl_status_t ring_post(const void *arg, int k)
         scnt = ring_chunk(x, sb, c, &soff);
         rcnt = ring_chunk(x, rb, c, &roff);
         dst  = s < n - 1 ? x->stage + (size_t)c * x->slot * x->es : x->buf + roff * x->es;
-        XCCL_CHECK(recv_nz(x->t, xccl_pat_ring_prev(r, n), dst, rcnt * x->es, step));
-        XCCL_CHECK(send_nz(x->t, xccl_pat_ring_next(r, n), x->buf + soff * x->es,
+        XCCL_CHECK(xccl_pat_recv_nz(x->t, xccl_pat_ring_prev(r, n), dst, rcnt * x->es, step));
+        XCCL_CHECK(xccl_pat_send_nz(x->t, xccl_pat_ring_next(r, n), x->buf + soff * x->es,
                            scnt * x->es, step));
     }
     return XCCL_OK;
@@ -123,7 +106,7 @@ static xccl_status_t ring_reduce(const void *arg, int j, int urgent)
         b   = xccl_pat_ring_rs_recv_block(x->rank, x->size, s);
         cnt = ring_chunk(x, b, c, &off);
         dst = x->buf + off * x->es;
-        XCCL_CHECK(reduce_nz(x->t, dst, x->stage + (size_t)c * x->slot * x->es, dst, cnt));
+        XCCL_CHECK(xccl_pat_reduce_nz(x->t, dst, x->stage + (size_t)c * x->slot * x->es, dst, cnt));
     }
     return XCCL_OK;
 }
@@ -198,8 +181,8 @@ const xccl_algo_t xccl_algo_allreduce_ring = {
 static xccl_status_t reduce_ordered(xccl_task_t *t, int peer, void *buf, const void *tmp,
                                     size_t count)
 {
-    if (peer < xccl_task_rank(t)) return reduce_nz(t, buf, tmp, buf, count);
-    return reduce_nz(t, buf, buf, tmp, count);
+    if (peer < xccl_task_rank(t)) return xccl_pat_reduce_nz(t, buf, tmp, buf, count);
+    return xccl_pat_reduce_nz(t, buf, buf, tmp, count);
 }
 
 static xccl_status_t rd_progress(xccl_task_t *t)
@@ -328,16 +311,16 @@ static xccl_status_t rab_progress(xccl_task_t *t)
             size_t goff, gcnt;
             cnt  = rab_range(a->count, p, keep, keep + d, &off);
             gcnt = rab_range(a->count, p, give, give + d, &goff);
-            XCCL_CHECK(recv_nz(t, r ^ d, tmp, cnt * es, (uint32_t)k));
-            XCCL_CHECK(send_nz(t, r ^ d, buf + goff * es, gcnt * es, (uint32_t)k));
+            XCCL_CHECK(xccl_pat_recv_nz(t, r ^ d, tmp, cnt * es, (uint32_t)k));
+            XCCL_CHECK(xccl_pat_send_nz(t, r ^ d, buf + goff * es, gcnt * es, (uint32_t)k));
         } else if (k >= L + 1 && k <= 2 * L && f.role != XCCL_PAT_EXTRA) {
             int    d = 1 << (k - L - 1), peer = r ^ d;
             int    mine = xccl_pat_rd_range_lo(r, d), theirs = xccl_pat_rd_range_lo(peer, d);
             size_t poff, pcnt;
             cnt  = rab_range(a->count, p, mine, mine + d, &off);
             pcnt = rab_range(a->count, p, theirs, theirs + d, &poff);
-            XCCL_CHECK(recv_nz(t, peer, buf + poff * es, pcnt * es, (uint32_t)k));
-            XCCL_CHECK(send_nz(t, peer, buf + off * es, cnt * es, (uint32_t)k));
+            XCCL_CHECK(xccl_pat_recv_nz(t, peer, buf + poff * es, pcnt * es, (uint32_t)k));
+            XCCL_CHECK(xccl_pat_send_nz(t, peer, buf + off * es, cnt * es, (uint32_t)k));
         } else if (k == 2 * L + 1 && f.role == XCCL_PAT_PROXY) {
             XCCL_CHECK(xccl_task_isend(t, f.peer, buf, nbytes, (uint32_t)k));
         } else if (k == 2 * L + 1 && f.role == XCCL_PAT_EXTRA) {

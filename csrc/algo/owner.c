@@ -69,17 +69,6 @@ typedef struct owner_ctx {
     int          gather; /* all_reduce: phase 2 sends the owned block to every rank       */
 } owner_ctx_t;
 
-static xccl_status_t send_nz(xccl_task_t *t, int peer, const void *buf, size_t nbytes,
-                             uint32_t step)
-{
-    return nbytes == 0 ? XCCL_OK : xccl_task_isend(t, peer, buf, nbytes, step);
-}
-
-static xccl_status_t recv_nz(xccl_task_t *t, int peer, void *buf, size_t nbytes, uint32_t step)
-{
-    return nbytes == 0 ? XCCL_OK : xccl_task_irecv(t, peer, buf, nbytes, step);
-}
-
 /* Block q of the input: its first element and element count. */
 static size_t owner_block(const owner_ctx_t *x, int q, size_t *off)
 {
@@ -117,8 +106,8 @@ static xccl_status_t owner_post_scatter(const owner_ctx_t *x, int c)
         int    to = xccl_pat_mod(r + i, n), from = xccl_pat_mod(r - i, n);
         size_t soff, scnt = owner_chunk(x, to, c, &soff);
 
-        XCCL_CHECK(recv_nz(x->t, from, owner_slot(x, from, c), rcnt * x->es, (uint32_t)c));
-        XCCL_CHECK(send_nz(x->t, to, x->in + soff * x->es, scnt * x->es, (uint32_t)c));
+        XCCL_CHECK(xccl_pat_recv_nz(x->t, from, owner_slot(x, from, c), rcnt * x->es, (uint32_t)c));
+        XCCL_CHECK(xccl_pat_send_nz(x->t, to, x->in + soff * x->es, scnt * x->es, (uint32_t)c));
     }
     return XCCL_OK;
 }
@@ -134,8 +123,8 @@ static xccl_status_t owner_post_gather(const owner_ctx_t *x, int c)
         int    to = xccl_pat_mod(r + i, n), from = xccl_pat_mod(r - i, n);
         size_t roff, rcnt = owner_chunk(x, from, c, &roff);
 
-        XCCL_CHECK(recv_nz(x->t, from, x->out + roff * x->es, rcnt * x->es, step));
-        XCCL_CHECK(send_nz(x->t, to, x->out + soff * x->es, scnt * x->es, step));
+        XCCL_CHECK(xccl_pat_recv_nz(x->t, from, x->out + roff * x->es, rcnt * x->es, step));
+        XCCL_CHECK(xccl_pat_send_nz(x->t, to, x->out + soff * x->es, scnt * x->es, step));
     }
     return XCCL_OK;
 }

@@ -162,6 +162,26 @@ static inline int xccl_pat_ring_nchunks(size_t block_bytes, size_t chunk_bytes, 
     return c < 1 ? 1 : (int)c;
 }
 
+/* Posting and reducing that skip empty pieces: uneven blocks and chunks can be empty, and
+ * both sides of a message skip it alike because both compute the same piece sizes. */
+static inline xccl_status_t xccl_pat_send_nz(xccl_task_t *t, int peer, const void *buf,
+                                             size_t nbytes, uint32_t step)
+{
+    return nbytes == 0 ? XCCL_OK : xccl_task_isend(t, peer, buf, nbytes, step);
+}
+
+static inline xccl_status_t xccl_pat_recv_nz(xccl_task_t *t, int peer, void *buf,
+                                             size_t nbytes, uint32_t step)
+{
+    return nbytes == 0 ? XCCL_OK : xccl_task_irecv(t, peer, buf, nbytes, step);
+}
+
+static inline xccl_status_t xccl_pat_reduce_nz(xccl_task_t *t, void *dst, const void *a,
+                                               const void *b, size_t count)
+{
+    return count == 0 ? XCCL_OK : xccl_task_reduce(t, dst, a, b, count);
+}
+
 /* Chunks per block of block_bytes for a ring of nsteps steps, with chunks of
  * $XCCL_RING_CHUNK_BYTES (at least one element of elsize bytes); the same on every rank. */
 static inline int xccl_pat_ring_chunks_env(size_t block_bytes, size_t elsize, int nsteps)

@@ -18,23 +18,6 @@
 /* Largest scratch the direct algorithm may take (it holds n-1 incoming messages at once). */
 #define DIRECT_MAX_SCRATCH ((size_t)256 << 20)
 
-static xccl_status_t send_nz(xccl_task_t *t, int peer, const void *buf, size_t nbytes,
-                             uint32_t step)
-{
-    return nbytes == 0 ? XCCL_OK : xccl_task_isend(t, peer, buf, nbytes, step);
-}
-
-static xccl_status_t recv_nz(xccl_task_t *t, int peer, void *buf, size_t nbytes, uint32_t step)
-{
-    return nbytes == 0 ? XCCL_OK : xccl_task_irecv(t, peer, buf, nbytes, step);
-}
-
-static xccl_status_t reduce_nz(xccl_task_t *t, void *dst, const void *a, const void *b,
-                               size_t count)
-{
-    return count == 0 ? XCCL_OK : xccl_task_reduce(t, dst, a, b, count);
-}
-
 static void *scratch(xccl_task_t *t, size_t nbytes, const char *algo)
 {
     void *p = xccl_task_scratch(t, nbytes);
@@ -104,8 +87,8 @@ static xccl_status_t ring_post(const void *arg, int k)
         cnt  = xccl_pat_block_count(x->count, x->pipe.nchunks, c);
         sb   = xccl_pat_ring_rs_send_block(r, n, s);
         src  = s == 0 ? x->sbuf + ((size_t)sb * x->count + off) * x->es : ring_slot(x, s - 1, c);
-        XCCL_CHECK(recv_nz(x->t, xccl_pat_ring_prev(r, n), ring_slot(x, s, c), cnt * x->es, step));
-        XCCL_CHECK(send_nz(x->t, xccl_pat_ring_next(r, n), src, cnt * x->es, step));
+        XCCL_CHECK(xccl_pat_recv_nz(x->t, xccl_pat_ring_prev(r, n), ring_slot(x, s, c), cnt * x->es, step));
+        XCCL_CHECK(xccl_pat_send_nz(x->t, xccl_pat_ring_next(r, n), src, cnt * x->es, step));
     }
     return XCCL_OK;
 }
@@ -128,7 +111,7 @@ static xccl_status_t ring_reduce(const void *arg, int j, int urgent)
         b    = xccl_pat_ring_rs_recv_block(x->rank, x->size, s);
         mine = x->sbuf + ((size_t)b * x->count + off) * x->es;
         dst  = s == x->pipe.nsteps - 1 ? x->rbuf + off * x->es : ring_slot(x, s, c);
-        XCCL_CHECK(reduce_nz(x->t, dst, ring_slot(x, s, c), mine, cnt));
+        XCCL_CHECK(xccl_pat_reduce_nz(x->t, dst, ring_slot(x, s, c), mine, cnt));
     }
     return XCCL_OK;
 }
@@ -233,9 +216,9 @@ static xccl_status_t rhd_xfer(const rhd_ctx_t *x, int send, int peer, const char
     for (int i = 0; i < 4; i += 2) {
         size_t nbytes = (size_t)(run[i + 1] - run[i]) * bb;
         if (send) {
-            XCCL_CHECK(send_nz(x->t, peer, src + (size_t)run[i] * bb, nbytes, step));
+            XCCL_CHECK(xccl_pat_send_nz(x->t, peer, src + (size_t)run[i] * bb, nbytes, step));
         } else {
-            XCCL_CHECK(recv_nz(x->t, peer, x->stage + at, nbytes, step));
+            XCCL_CHECK(xccl_pat_recv_nz(x->t, peer, x->stage + at, nbytes, step));
             at += nbytes;
         }
     }
@@ -255,9 +238,9 @@ static xccl_status_t rhd_reduce(const rhd_ctx_t *x, int d, const char *src)
             char       *dst  = b == x->rank && d == 1 ? x->rbuf : x->work + (size_t)b * bb;
             const char *mine = src + (size_t)b * bb, *theirs = x->stage + at;
             if (peer < x->rank)
-                XCCL_CHECK(reduce_nz(x->t, dst, theirs, mine, x->count));
+                XCCL_CHECK(xccl_pat_reduce_nz(x->t, dst, theirs, mine, x->count));
             else
-                XCCL_CHECK(reduce_nz(x->t, dst, mine, theirs, x->count));
+                XCCL_CHECK(xccl_pat_reduce_nz(x->t, dst, mine, theirs, x->count));
             at += bb;
         }
     }
