@@ -77,7 +77,6 @@ static shared_t *S;
  * Job harness
  * ------------------------------------------------------------------------------------------- */
 
-static int            NRANKS; /* transport ranks of the running job */
 static const char    *KEY;    /* auth key of the running job, or NULL */
 
 /* Init, publish the address, wait for everyone's. */
@@ -358,68 +357,6 @@ static void job_order(int rank)
     free(buf);
 }
 
-/* Exchange: this rank sends `count` messages (sizes cycling through `sizes`) to every rank
- * in `use`, all posted before any progress, while the others do the same to it. */
-static void exchange(const uint8_t *use, int count, const size_t *sizes, int nsizes)
-{
-    size_t         total = 0, want, k = 0;
-    xccl_status_t *st;
-    char         **bufs;
-    sends_t        s;
-    void          *both[2];
-    int            next[MAXR] = {0};
-
-    for (int p = 0; p < NRANKS; p++) total += use[p] ? (size_t)count : 0;
-    st      = malloc(total * sizeof(*st));
-    bufs    = calloc(total, sizeof(*bufs));
-    s       = (sends_t){st, total};
-    want    = total;
-    both[0] = &s;
-    both[1] = &want;
-    F.verify_free = 1;
-    for (int i = 0; i < count; i++) {
-        for (int p = 0; p < NRANKS; p++) {
-            size_t         n = sizes[(i + p) % nsizes];
-            xccl_msg_hdr_t h;
-            xccl_tp_buf_t  b;
-
-            if (!use[p]) continue;
-            /* the seed names sender, receiver and index */
-            h = (xccl_msg_hdr_t){.comm_id = 3, .tag = (uint64_t)i,
-                                 .fp = (uint64_t)(F.rank * 1000 + p * 100000 + i), .nbytes = n};
-            bufs[k] = malloc(n ? n : 1);
-            fill(bufs[k], n, h.fp);
-            b     = (xccl_tp_buf_t){bufs[k], XCCL_MEM_HOST, NULL};
-            st[k] = XCCL_INPROGRESS;
-            CHECK(TP->isend(CTX, p, &h, &b, &st[k]) == XCCL_OK);
-            k++;
-        }
-    }
-    CHECK(drive(all_done, both, 30000));
-    for (k = 0; k < total; k++) {
-        CHECK(st[k] == XCCL_OK);
-        free(bufs[k]);
-    }
-    CHECK(F.nmsgs == total);
-    for (size_t i = 0; i < F.nmsgs; i++) {
-        rmsg_t *m = F.msgs[i];
-        CHECK_MSG(m->intact && m->st == XCCL_OK, "rank %d: message %zu from %d corrupt", F.rank,
-                  i, m->peer);
-        CHECK(m->hdr.fp == (uint64_t)(m->peer * 1000 + F.rank * 100000) + m->hdr.tag);
-        CHECK_MSG(m->hdr.tag == (uint64_t)next[m->peer], "order from %d", m->peer);
-        next[m->peer]++;
-    }
-    /* leave only when everyone has received everything */
-    atomic_fetch_add(&S->flag[FL_DONE], 1);
-    while (atomic_load(&S->flag[FL_DONE]) < NRANKS) {
-        int nev;
-        TP->progress(CTX, &nev);
-        usleep(500);
-    }
-    free(st);
-    free(bufs);
-}
-
 static void job_both_ways(int rank)
 {
     static const size_t sizes[] = {16 * MiB, 100, 16 * MiB - 1, 0};
@@ -429,7 +366,7 @@ static void job_both_ways(int rank)
     use[1 - rank] = 1;
     F.verify_free = 1; /* messages may arrive while wire-up still waits for others */
     CHECK(wire(use, 5000) == XCCL_OK);
-    exchange(use, 8, sizes, 4);
+    exchange(use, 8, sizes, 4, &S->flag[FL_DONE]);
     CHECK(F.nsend_err == 0 && F.nrecv_err == 0);
     teardown();
 }
@@ -443,7 +380,7 @@ static void job_all_to_all(int rank)
     for (int p = 0; p < NRANKS; p++) use[p] = p != rank;
     F.verify_free = 1;
     CHECK(wire(use, 5000) == XCCL_OK);
-    exchange(use, 30, sizes, 6);
+    exchange(use, 30, sizes, 6, &S->flag[FL_DONE]);
     teardown();
 }
 
@@ -462,7 +399,7 @@ static void job_ring_use(int rank)
     CHECK(wire(use, 5000) == XCCL_OK);
     CHECK(TP->isend(CTX, far, &h, NULL, &st) == XCCL_ERR_INVALID_USAGE);
     CHECK(strstr(xccl_last_error(), "not wired up") != NULL);
-    exchange(use, 10, sizes, 3);
+    exchange(use, 10, sizes, 3, &S->flag[FL_DONE]);
     teardown();
 }
 

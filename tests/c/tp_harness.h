@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0
  *
  * tp_harness.h - what the transport tests (test_shm.c, test_tcp.c) share: a payload
- * generator, a cross-process flag wait and a fake core that records every upcall of the
- * transport under test. Include after defining MAXR (most ranks of a job) and TP (the
- * transport's ops); one translation unit per test program, so everything here is static.
+ * generator, a cross-process flag wait, a fake core that records every upcall of the
+ * transport under test, and the many-messages exchange job. Include after defining MAXR
+ * (most ranks of a job) and TP (the transport's ops); one translation unit per test
+ * program, so everything here is static.
  */
 #ifndef XCCL_TESTS_TP_HARNESS_H
 #define XCCL_TESTS_TP_HARNESS_H
@@ -84,6 +85,8 @@ typedef struct rmsg {
     xccl_status_t  st;
     int            intact; /* verify mode: payload matched the generator (seed = hdr.fp) */
 } rmsg_t;
+
+static int NRANKS; /* transport ranks of the running job */
 
 static struct fake {
     int           rank, size;
@@ -264,6 +267,70 @@ static inline void spin(int64_t ms)
         TP->progress(CTX, &nev);
         if (nev == 0) TP->wait(CTX, 1);
     }
+}
+
+/* Exchange: this rank sends `count` messages (sizes cycling through `sizes`) to every rank
+ * in `use`, all posted before any progress, while the others do the same to it. `done`, a
+ * counter shared by the job's processes, keeps everyone progressing until all are through. */
+static inline void exchange(const uint8_t *use, int count, const size_t *sizes, int nsizes,
+                            atomic_int *done)
+{
+    size_t         total = 0, want, k = 0;
+    xccl_status_t *st;
+    char         **bufs;
+    sends_t        s;
+    void          *both[2];
+    int            next[MAXR] = {0};
+
+    for (int p = 0; p < NRANKS; p++) total += use[p] ? (size_t)count : 0;
+    st            = malloc(total * sizeof(*st));
+    bufs          = calloc(total, sizeof(*bufs));
+    s             = (sends_t){st, total};
+    want          = total;
+    both[0]       = &s;
+    both[1]       = &want;
+    F.verify_free = 1;
+    for (int i = 0; i < count; i++) {
+        for (int p = 0; p < NRANKS; p++) {
+            size_t         n = sizes[(i + p) % nsizes];
+            xccl_msg_hdr_t h;
+            xccl_tp_buf_t  b;
+
+            if (!use[p]) continue;
+            /* the seed names sender, receiver and index */
+            h = (xccl_msg_hdr_t){.comm_id = 3, .tag = (uint64_t)i,
+                                 .fp = (uint64_t)(F.rank * 1000 + p * 100000 + i), .nbytes = n};
+            bufs[k] = malloc(n ? n : 1);
+            fill(bufs[k], n, h.fp);
+            b     = (xccl_tp_buf_t){bufs[k], XCCL_MEM_HOST, NULL};
+            st[k] = XCCL_INPROGRESS;
+            CHECK(TP->isend(CTX, p, &h, &b, &st[k]) == XCCL_OK);
+            k++;
+        }
+    }
+    CHECK(drive(all_done, both, 30000));
+    for (k = 0; k < total; k++) {
+        CHECK(st[k] == XCCL_OK);
+        free(bufs[k]);
+    }
+    CHECK(F.nmsgs == total);
+    for (size_t i = 0; i < F.nmsgs; i++) {
+        rmsg_t *m = F.msgs[i];
+        CHECK_MSG(m->intact && m->st == XCCL_OK, "rank %d: message %zu from %d corrupt", F.rank,
+                  i, m->peer);
+        CHECK(m->hdr.fp == (uint64_t)(m->peer * 1000 + F.rank * 100000) + m->hdr.tag);
+        CHECK_MSG(m->hdr.tag == (uint64_t)next[m->peer], "order from %d", m->peer);
+        next[m->peer]++;
+    }
+    /* leave only when everyone has received everything */
+    atomic_fetch_add(done, 1);
+    while (atomic_load(done) < NRANKS) {
+        int nev;
+        TP->progress(CTX, &nev);
+        usleep(500);
+    }
+    free(st);
+    free(bufs);
 }
 
 #endif /* XCCL_TESTS_TP_HARNESS_H */
