@@ -141,6 +141,31 @@ def irecv(
     return Work(pg.comm.irecv(T.prep(tensor), peer, tag), [tensor])
 
 
+def _send_peer(pg: ProcessGroup, dst: Optional[int], group_dst: Optional[int]) -> int:
+    """The group rank a blocking send goes to; never this rank (as torch checks)."""
+    peer = canonical_rank(pg, dst, group_dst, "dst")
+    if peer == pg.rank():
+        raise ValueError(
+            "Invalid destination rank: destination rank should not be the same as the rank "
+            "of the current process."
+        )
+    return peer
+
+
+def _recv_peer(pg: ProcessGroup, src: Optional[int], group_src: Optional[int]) -> int:
+    """The group rank a blocking receive takes from (ANY_SOURCE when neither is given);
+    never this rank."""
+    if src is None and group_src is None:
+        return _C.ANY_SOURCE
+    peer = canonical_rank(pg, src, group_src, "src")
+    if peer == pg.rank():
+        raise ValueError(
+            "Invalid source rank: source rank should not be the same as the rank of the "
+            "current process."
+        )
+    return peer
+
+
 def send(
     tensor: Any,
     dst: Optional[int] = None,
@@ -153,12 +178,7 @@ def send(
     pg = _member(group, "send")
     if pg is None:
         return
-    peer = canonical_rank(pg, dst, group_dst, "dst")
-    if peer == pg.rank():
-        raise ValueError(
-            "Invalid destination rank: destination rank should not be the same as the rank "
-            "of the current process."
-        )
+    peer = _send_peer(pg, dst, group_dst)
     pg.comm.isend(T.prep(tensor), peer, tag).wait()
 
 
@@ -176,15 +196,7 @@ def recv(
     pg = _member(group, "recv")
     if pg is None:
         return -1
-    if src is None and group_src is None:
-        peer = _C.ANY_SOURCE
-    else:
-        peer = canonical_rank(pg, src, group_src, "src")
-        if peer == pg.rank():
-            raise ValueError(
-                "Invalid source rank: source rank should not be the same as the rank of the "
-                "current process."
-            )
+    peer = _recv_peer(pg, src, group_src)
     work = pg.comm.irecv(T.prep(tensor), peer, tag)
     work.wait()
     if peer == _C.ANY_SOURCE:

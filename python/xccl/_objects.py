@@ -15,7 +15,7 @@ import pickle
 from typing import Any, Optional
 
 from . import _C
-from ._collectives import _member
+from ._collectives import _member, _recv_peer, _send_peer
 from ._group import GroupLike, canonical_rank, get_global_rank
 
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
@@ -207,12 +207,7 @@ def send_object_list(
     if pg is None:
         return
     _check_device(device)
-    peer = canonical_rank(pg, dst, group_dst, "dst")
-    if peer == pg.rank():
-        raise ValueError(
-            "Invalid destination rank: destination rank should not be the same as the rank "
-            "of the current process."
-        )
+    peer = _send_peer(pg, dst, group_dst)
     np = _np()
     pieces = [_dumps(obj) for obj in object_list]
     sizes = np.array([p.size for p in pieces], np.int64)
@@ -237,15 +232,7 @@ def recv_object_list(
     if pg is None:
         return -1
     _check_device(device)
-    if src is None and group_src is None:
-        peer = _C.ANY_SOURCE
-    else:
-        peer = canonical_rank(pg, src, group_src, "src")
-        if peer == pg.rank():
-            raise ValueError(
-                "Invalid source rank: source rank should not be the same as the rank of the "
-                "current process."
-            )
+    peer = _recv_peer(pg, src, group_src)
     np = _np()
     sizes = np.zeros(len(object_list), np.int64)
     work = pg.comm.irecv(sizes, peer, 0)
