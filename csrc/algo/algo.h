@@ -129,7 +129,8 @@ typedef struct xccl_algo {
     const char *name;    /* "ring", "rd", "rabenseifner", "binomial", "bruck", ... */
     xccl_coll_t coll;
     const char *summary; /* one line: the schedule, steps and bytes on the wire      */
-    /* NULL: runs everywhere; otherwise 0 when it cannot run these arguments. */
+    /* NULL: runs everywhere; otherwise 0 when it cannot run these arguments. It may look only
+     * at args->count and args->elsize (communicators memoise selections by those). */
     int (*applicable)(const xccl_coll_args_t *args, int size);
     /* Cost for `size` ranks and a message of nbytes, where nbytes is the collective's size in
      * the nccl-tests sense: the whole vector for allreduce/broadcast/reduce, the whole gathered
@@ -161,5 +162,25 @@ double xccl_algo_predict_args(const xccl_algo_t *a, const xccl_coll_args_t *args
 xccl_status_t xccl_algo_select(const xccl_coll_args_t *args, int size, size_t nbytes,
                                const xccl_cost_model_t *m, const char *forced,
                                const xccl_algo_t **out);
+
+/* Selections one communicator remembers. Once the group's size, topology and model are fixed,
+ * the choice depends only on the collective, nbytes, count and element size, so the rules and
+ * the model run once per distinct call shape, not on every call (they cost about a third of
+ * a small all_reduce). A slot is stale once $XCCL_ALGO is re-read (xccl_algo_reset_env). */
+#define XCCL_ALGO_MEMO_SLOTS 32
+typedef struct xccl_algo_memo {
+    struct xccl_algo_memo_slot {
+        const xccl_algo_t *algo; /* NULL: empty */
+        size_t             nbytes, count, elsize;
+        unsigned           gen;
+        xccl_coll_t        coll;
+    } slot[XCCL_ALGO_MEMO_SLOTS];
+} xccl_algo_memo_t;
+
+/* xccl_algo_select through `memo` (zero-initialised, owned by the caller's communicator;
+ * thread-safe). Only calls without `forced` are remembered; errors never are. */
+xccl_status_t xccl_algo_select_memo(xccl_algo_memo_t *memo, const xccl_coll_args_t *args,
+                                    int size, size_t nbytes, const xccl_cost_model_t *m,
+                                    const char *forced, const xccl_algo_t **out);
 
 #endif /* XCCL_ALGO_ALGO_H */

@@ -52,6 +52,7 @@ static int             nrules;
 static rule_t          rules[MAX_RULES];
 static xccl_status_t   env_status;
 static char            env_error[512];
+static unsigned        env_gen; /* bumped by xccl_algo_reset_env: memoised choices go stale */
 
 /* Fallback when the caller has no model (the core passes its own, fitted per transport). */
 static const xccl_cost_model_t default_model = {20e-6, 1.0 / 2.0e9, 1.0 / 4.0e9};
@@ -217,6 +218,7 @@ void xccl_algo_reset_env(void)
 {
     pthread_mutex_lock(&env_lock);
     env_parsed = 0;
+    env_gen++;
     pthread_mutex_unlock(&env_lock);
 }
 
@@ -240,18 +242,19 @@ static xccl_status_t choose_named(const xccl_coll_args_t *args, int size, const 
     const xccl_algo_t *a = xccl_algo_find(args->coll, name);
     char               valid[256];
 
+    if (a != NULL && (a->applicable == NULL || a->applicable(args, size))) {
+        *out = a;
+        return XCCL_OK;
+    }
     list_names(args, size, valid, sizeof(valid));
     if (a == NULL)
         return XCCL_ERROR(XCCL_ERR_INVALID_ARG, "%s: unknown algorithm '%s' (%s); valid: %s",
                           xccl_coll_name(args->coll), name, why, valid);
-    if (a->applicable != NULL && !a->applicable(args, size))
-        return XCCL_ERROR(XCCL_ERR_INVALID_ARG,
-                          "%s: algorithm '%s' (%s) cannot run %d ranks with count %zu of %s; "
-                          "applicable: %s",
-                          xccl_coll_name(args->coll), name, why, size, args->count,
-                          xccl_dtype_name(args->dtype), valid);
-    *out = a;
-    return XCCL_OK;
+    return XCCL_ERROR(XCCL_ERR_INVALID_ARG,
+                      "%s: algorithm '%s' (%s) cannot run %d ranks with count %zu of %s; "
+                      "applicable: %s",
+                      xccl_coll_name(args->coll), name, why, size, args->count,
+                      xccl_dtype_name(args->dtype), valid);
 }
 
 xccl_status_t xccl_algo_select(const xccl_coll_args_t *args, int size, size_t nbytes,
@@ -275,7 +278,7 @@ xccl_status_t xccl_algo_select(const xccl_coll_args_t *args, int size, size_t nb
     pthread_mutex_lock(&env_lock);
     if (!env_parsed) parse_env();
     st = env_status;
-    snprintf(msg, sizeof(msg), "%s", env_error);
+    if (st != XCCL_OK) snprintf(msg, sizeof(msg), "%s", env_error);
     for (int i = 0; st == XCCL_OK && i < nrules && !found; i++) {
         const rule_t *r = &rules[i];
         if (r->coll != args->coll || nbytes < r->lo || nbytes > r->hi) continue;
@@ -317,5 +320,49 @@ xccl_status_t xccl_algo_select(const xccl_coll_args_t *args, int size, size_t nb
                           xccl_coll_name(args->coll), size, args->count,
                           xccl_dtype_name(args->dtype));
     *out = best;
+    return XCCL_OK;
+}
+
+static struct xccl_algo_memo_slot *memo_slot(xccl_algo_memo_t *memo, const xccl_coll_args_t *a,
+                                             size_t nbytes)
+{
+    uint64_t h = (uint64_t)nbytes * 0x9E3779B97F4A7C15ull ^ (uint64_t)a->count * 0xC2B2AE3Dull ^
+                 ((uint64_t)a->coll << 7) ^ a->elsize;
+
+    return &memo->slot[(h ^ (h >> 29)) % XCCL_ALGO_MEMO_SLOTS];
+}
+
+xccl_status_t xccl_algo_select_memo(xccl_algo_memo_t *memo, const xccl_coll_args_t *args,
+                                    int size, size_t nbytes, const xccl_cost_model_t *m,
+                                    const char *forced, const xccl_algo_t **out)
+{
+    struct xccl_algo_memo_slot *s;
+    xccl_status_t               st;
+    unsigned                    gen;
+
+    if (memo == NULL || forced != NULL || args == NULL || out == NULL)
+        return xccl_algo_select(args, size, nbytes, m, forced, out);
+    s = memo_slot(memo, args, nbytes);
+    pthread_mutex_lock(&env_lock);
+    if (!env_parsed) parse_env();
+    gen = env_gen;
+    if (s->algo != NULL && s->gen == gen && s->coll == args->coll && s->nbytes == nbytes &&
+        s->count == args->count && s->elsize == args->elsize) {
+        *out = s->algo;
+        pthread_mutex_unlock(&env_lock);
+        return XCCL_OK;
+    }
+    pthread_mutex_unlock(&env_lock);
+    st = xccl_algo_select(args, size, nbytes, m, NULL, out);
+    if (st != XCCL_OK) return st;
+    pthread_mutex_lock(&env_lock);
+    if (gen == env_gen) /* not chosen under rules that were replaced meanwhile */
+        *s = (struct xccl_algo_memo_slot){.algo   = *out,
+                                          .nbytes = nbytes,
+                                          .count  = args->count,
+                                          .elsize = args->elsize,
+                                          .gen    = gen,
+                                          .coll   = args->coll};
+    pthread_mutex_unlock(&env_lock);
     return XCCL_OK;
 }

@@ -502,9 +502,10 @@ static xccl_status_t coll_post(xccl_comm_t *comm, xccl_coll_args_t *a, xccl_op_t
     /* one-level algorithms are priced with the links they mostly cross: between nodes when
      * the members span several */
     a->topo = &comm->topo;
-    XCCL_CHECK(xccl_algo_select(a, comm->size, nbytes_model,
-                                comm->topo.nnodes > 1 ? &comm->topo.inter : &comm->topo.intra,
-                                opts ? opts->algo : NULL, &algo));
+    XCCL_CHECK(xccl_algo_select_memo(&comm->memo, a, comm->size, nbytes_model,
+                                     comm->topo.nnodes > 1 ? &comm->topo.inter
+                                                           : &comm->topo.intra,
+                                     opts ? opts->algo : NULL, &algo));
     w = xccl_work_new(comm, WORK_COLL, name, opts ? opts->timeout_ms : 0);
     if (w == NULL) return XCCL_ERROR(XCCL_ERR_NO_MEMORY, "%s: out of memory", name);
     w->task.algo = algo;

@@ -132,6 +132,7 @@ struct xccl_comm {
     } flight[32];
     uint64_t     nflight;
     xccl_topo_t  topo;  /* nodes of the members and the α-β of links (topo.c)           */
+    xccl_algo_memo_t memo; /* algorithms chosen for earlier call shapes (select.c)      */
     void        *spare; /* scratch kept from a finished operation (coll.c)             */
     size_t       spare_len;
     xccl_comm_t *next; /* ctx->comms */

@@ -1139,6 +1139,65 @@ static void test_select(void)
     SEL_IS("owner", XCCL_COLL_ALLREDUCE, 6, 64 << 20, NULL);
 }
 
+/* Memoised selection gives xccl_algo_select's answers: for call shapes repeated and
+ * interleaved (more than the slots, so slots get replaced), for shapes that differ only in
+ * what `applicable` reads, after $XCCL_ALGO changes, and never remembers an error or a forced
+ * choice. */
+static void test_select_memo(void)
+{
+    static xccl_algo_memo_t memo; /* zeroed, as in a new communicator */
+    xccl_cost_model_t       m        = {20e-6, 1.0 / 2e9, 1.0 / 4e9};
+    const xccl_coll_t       colls[]  = {XCCL_COLL_ALLREDUCE, XCCL_COLL_ALLGATHER,
+                                        XCCL_COLL_REDUCE_SCATTER, XCCL_COLL_BROADCAST,
+                                        XCCL_COLL_ALLTOALL};
+    const char             *envs[]   = {NULL, NULL, "allreduce=rd;allgather:0-1m=ring", NULL};
+    const xccl_algo_t      *want, *got;
+    xccl_coll_args_t        a;
+    int                     compared = 0;
+
+    for (int pass = 0; pass < 4; pass++) {
+        set_algo_env(envs[pass]);
+        for (size_t c = 0; c < sizeof(colls) / sizeof(colls[0]); c++)
+            for (int k = 0; k <= 28; k += 2)
+                for (size_t el = 4; el <= 8; el += 4) {
+                    size_t        nbytes = (size_t)8 << k;
+                    xccl_status_t s1, s2;
+                    a        = sel_args(colls[c], nbytes / el);
+                    a.elsize = el;
+                    want = got = NULL;
+                    s1 = xccl_algo_select(&a, 6, nbytes, &m, NULL, &want);
+                    s2 = xccl_algo_select_memo(&memo, &a, 6, nbytes, &m, NULL, &got);
+                    CHECK_MSG(s1 == XCCL_OK && s2 == XCCL_OK && got == want,
+                              "pass %d coll %d nbytes %zu: %s vs %s", pass, (int)colls[c], nbytes,
+                              want ? want->name : "-", got ? got->name : "-");
+                    compared++;
+                }
+    }
+    CHECK(compared == 4 * 5 * 15 * 2);
+
+    /* same nbytes, but a count direct cannot take: not the remembered direct */
+    set_algo_env(NULL);
+    a = sel_args(XCCL_COLL_ALLREDUCE, 16);
+    CHECK(xccl_algo_select_memo(&memo, &a, 6, 64, &m, NULL, &got) == XCCL_OK &&
+          got == &xccl_algo_allreduce_direct);
+    a.count = (size_t)1 << 30;
+    CHECK(xccl_algo_select_memo(&memo, &a, 6, 64, &m, NULL, &got) == XCCL_OK &&
+          got != &xccl_algo_allreduce_direct);
+    /* a forced choice passes by the memo both ways */
+    a = sel_args(XCCL_COLL_ALLREDUCE, 16);
+    CHECK(xccl_algo_select_memo(&memo, &a, 6, 64, &m, "ring", &got) == XCCL_OK &&
+          got == &xccl_algo_allreduce_ring);
+    CHECK(xccl_algo_select_memo(&memo, &a, 6, 64, &m, NULL, &got) == XCCL_OK &&
+          got == &xccl_algo_allreduce_direct);
+    /* errors are not remembered */
+    set_algo_env("allreduce=nope");
+    CHECK(xccl_algo_select_memo(&memo, &a, 6, 64, &m, NULL, &got) == XCCL_ERR_INVALID_ARG);
+    CHECK(xccl_algo_select_memo(&memo, &a, 6, 64, &m, NULL, &got) == XCCL_ERR_INVALID_ARG);
+    set_algo_env(NULL);
+    CHECK(xccl_algo_select_memo(&memo, &a, 6, 64, &m, NULL, &got) == XCCL_OK &&
+          got == &xccl_algo_allreduce_direct);
+}
+
 int main(void)
 {
     unsetenv(XCCL_PAT_RING_CHUNK_ENV);
@@ -1148,6 +1207,7 @@ int main(void)
     test_sim();
     test_registry();
     test_select();
+    test_select_memo();
     sweep_reductions();
     sweep_allgather();
     sweep_reduce_scatter_alias();
