@@ -317,7 +317,8 @@ xccl_status_t xccl_work_wait(xccl_work_t *w, int64_t slice_ms)
 {
     xccl_status_t st = atomic_load(&w->status);
     xccl_ctx_t   *ctx;
-    uint64_t      t0, spin_end, slice_end;
+    uint64_t      t0, now, spin_end, slice_end;
+    unsigned      busy = 0; /* passes with events since the clock was last read */
 
     if (st != XCCL_INPROGRESS) return st;
     ctx       = w->comm->ctx;
@@ -327,22 +328,25 @@ xccl_status_t xccl_work_wait(xccl_work_t *w, int64_t slice_ms)
     pthread_mutex_lock(&ctx->lock);
     ctx->nwaiters++;
     for (;;) {
-        int      n = xccl_ctx_progress_locked(ctx);
-        uint64_t now;
+        int n = xccl_ctx_progress_locked(ctx);
         if (atomic_load(&w->status) != XCCL_INPROGRESS) break;
-        now = xccl_now_ns();
-        if (now >= slice_end) break;
         if (ctx->done_head != NULL) {
             pthread_mutex_unlock(&ctx->lock);
             xccl_ctx_run_callbacks(ctx);
             pthread_mutex_lock(&ctx->lock);
         }
-        if (n > 0) {
+        /* the clock is read when a pass finds nothing (and every 64 busy passes, for the
+         * slice): a busy pass goes straight to the next */
+        if (n > 0 && ++busy % 64 != 0) continue;
+        now = xccl_now_ns();
+        if (now >= slice_end) break;
+        if (busy > 0) {
             /* poll again for a while after every event, not only at the start: the next
              * message of a multi-step collective usually follows within microseconds */
             spin_end = now + (uint64_t)ctx->spin_ns;
-            continue;
+            busy     = 0;
         }
+        if (n > 0) continue;
         pthread_mutex_unlock(&ctx->lock);
         if (now < spin_end) {
             sched_yield();
