@@ -210,8 +210,19 @@ struct xccl_ctx {
     int               thread_started;
     int               stopping;
     int64_t           spin_ns;
+    int               spin_yield; /* waiters yield between polls: the host is oversubscribed */
     xccl_work_t      *done_head;  /* completed works whose callbacks must run             */
 };
+
+/* A polling loop's pause: lets the sibling hyper-thread run and saves power, no system call. */
+static inline void xccl_cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
 
 /* ctx.c */
 xccl_status_t xccl_ctx_create(const xccl_comm_config_t *cfg, xccl_ctx_t **out);

@@ -168,6 +168,23 @@ static void ctx_free(xccl_ctx_t *ctx)
 
 static const xccl_tp_upcalls_t *ctx_upcalls(xccl_ctx_t *ctx);
 
+/* More ranks of this job on this host than CPUs this process may run on: a waiter then yields
+ * the CPU between polls (the rank it waits for may need it); otherwise it polls flat out, as
+ * a sched_yield per poll costs a system call (~0.3 us in a VM) that delays noticing a message.
+ * XCCL_SPIN_YIELD=0/1 overrides. */
+static int oversubscribed(const xccl_ctx_t *ctx)
+{
+    int64_t   forced = xccl_env_int("XCCL_SPIN_YIELD", -1);
+    cpu_set_t set;
+    int       ncpu, nlocal = 0;
+
+    if (forced >= 0) return forced != 0;
+    ncpu = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
+    for (int r = 0; r < ctx->size; r++)
+        nlocal += ctx->peers[r].host_id == ctx->peers[ctx->rank].host_id;
+    return nlocal > ncpu;
+}
+
 xccl_status_t xccl_ctx_create(const xccl_comm_config_t *cfg, xccl_ctx_t **out)
 {
     xccl_ctx_t                 *ctx = calloc(1, sizeof(*ctx));
@@ -252,6 +269,8 @@ xccl_status_t xccl_ctx_create(const xccl_comm_config_t *cfg, xccl_ctx_t **out)
         free(val);
         val = NULL;
     }
+
+    ctx->spin_yield = oversubscribed(ctx);
 
     /* 3. transports */
     ncand = select_transports(spec, cand);

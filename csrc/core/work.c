@@ -6,8 +6,9 @@
  * holds, and the callback list until the callback ran. The Work is freed at zero.
  *
  * Waiting: a waiter drives progress itself (no thread hand-off for synchronous operations):
- * it polls for XCCL_SPIN_US microseconds, then sleeps in the transports and polls again. The
- * background progress thread stands aside while anyone waits.
+ * it polls for XCCL_SPIN_US microseconds after the last event, then sleeps in the transports
+ * and polls again. Between polls it yields the CPU only where the host has more ranks than
+ * CPUs (ctx->spin_yield). The background progress thread stands aside while anyone waits.
  */
 #include "core/core.h"
 
@@ -349,7 +350,8 @@ xccl_status_t xccl_work_wait(xccl_work_t *w, int64_t slice_ms)
         if (n > 0) continue;
         pthread_mutex_unlock(&ctx->lock);
         if (now < spin_end) {
-            sched_yield();
+            if (ctx->spin_yield) sched_yield();
+            else xccl_cpu_relax();
         } else {
             uint64_t left = (slice_end - now) / 1000000u;
             xccl_ctx_sleep(ctx, (int)(left < 2 ? (left < 1 ? 0 : 1) : 2));
