@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import datetime
 import gc
+import sys
 import threading
 import time
 
@@ -110,6 +111,56 @@ def test_buffer_info_read_only_numpy():
     assert _C.buffer_info(a) == ("float64", 4, "cpu", True)  # versioned capsule: READ_ONLY
     with pytest.raises(BufferError):  # numpy cannot say "read-only" through a legacy capsule
         _C.buffer_info(LegacyOnly(a))
+
+
+class CountingArray(np.ndarray):
+    """A numpy subclass that counts its __dlpack__ calls."""
+
+    calls = 0
+
+    def __dlpack__(self, *args, **kwargs):
+        CountingArray.calls += 1
+        return super().__dlpack__(*args, **kwargs)
+
+
+def test_numpy_buffer_route_matches_dlpack():
+    """Exact numpy arrays are read through the buffer protocol: the same answers as their
+    DLPack export, views included; subclasses and anything the buffer route does not vet go
+    through __dlpack__ as before."""
+    base = np.arange(24, dtype=np.float32)
+    for a in [base, base[3:], base.reshape(2, 3, 4)[1], np.array(3.0), np.zeros((0, 7), np.int32)]:
+        assert _C.buffer_info(a) == _C.buffer_info(LegacyOnly(a))
+    sub = np.zeros(5, np.int16).view(CountingArray)
+    CountingArray.calls = 0
+    assert _C.buffer_info(sub) == ("int16", 5, "cpu", False)
+    assert CountingArray.calls == 1
+    # non-native byte order: numpy refuses to export it, and it is not taken as native
+    with pytest.raises(BufferError):
+        _C.buffer_info(np.zeros(3, dtype=">f4"))
+    with pytest.raises(TypeError, match="unsupported dtype"):
+        _C.buffer_info(np.zeros(3, dtype=np.uint16))
+
+
+def test_numpy_buffer_route_data_and_lifetime(comm):
+    """The view starts at the array's first element (an offset view included), and the
+    operation holds the array until it completes."""
+    src = np.arange(10, dtype=np.int64)[4:]
+    out = np.zeros(6, dtype=np.int64)[::1]
+    before = sys.getrefcount(out)
+    work = comm.allreduce(src, out, SUM)
+    work.wait()
+    assert out.tolist() == [4, 5, 6, 7, 8, 9]
+    del work
+    gc.collect()
+    assert sys.getrefcount(out) == before
+    pending = comm.irecv(out, 0)  # nothing is sent: stays pending and holds `out`
+    assert sys.getrefcount(out) == before + 1
+    comm.isend(np.full(6, 7, np.int64), 0).wait()
+    pending.wait()
+    assert out.tolist() == [7] * 6
+    del pending
+    gc.collect()
+    assert sys.getrefcount(out) == before
 
 
 @pytest.mark.parametrize("mode", ["versioned", "legacy", "versioned-only"])

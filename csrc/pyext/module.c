@@ -210,11 +210,12 @@ static PyObject *mod_reduce_isa(PyObject *module, PyObject *unused)
 static PyObject *mod_buffer_info(PyObject *module, PyObject *obj)
 {
     xccl_py_state_t *state = PyModule_GetState(module);
+    xccl_py_what_t   what  = {"buffer_info", ""};
     xccl_py_tensor_t t;
     PyObject        *device;
     PyObject        *res;
 
-    if (xccl_py_tensor_acquire(state, obj, XCCL_PY_BUF_ANY_DEVICE, "buffer_info", &t) < 0)
+    if (xccl_py_tensor_acquire(state, obj, XCCL_PY_BUF_ANY_DEVICE, &what, &t) < 0)
         return NULL;
     device = xccl_py_device_string(t.device_type, t.device_id);
     res    = device == NULL ? NULL

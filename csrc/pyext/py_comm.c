@@ -344,10 +344,9 @@ static int call_begin(call_t *c, xccl_py_comm_t *self, const char *opname, const
 /* Acquires buffer `obj` into slot `i` of the Work; `what` is the argument name. */
 static xccl_py_tensor_t *take(call_t *c, int i, PyObject *obj, int flags, const char *what)
 {
-    char label[96];
+    xccl_py_what_t label = {c->opname, what};
 
-    PyOS_snprintf(label, sizeof(label), "%s %s", c->opname, what);
-    if (xccl_py_tensor_acquire(c->state, obj, flags, label, &c->work->bufs[i]) < 0) return NULL;
+    if (xccl_py_tensor_acquire(c->state, obj, flags, &label, &c->work->bufs[i]) < 0) return NULL;
     return &c->work->bufs[i];
 }
 

@@ -158,6 +158,11 @@ void xccl_py_tensor_release(xccl_py_tensor_t *t)
     void     *managed = t->managed;
     PyObject *type, *value, *tb;
 
+    if (t->view.obj != NULL) {
+        Py_buffer view = t->view;
+        t->view.obj    = NULL;
+        PyBuffer_Release(&view); /* numpy's release runs no Python code */
+    }
     if (managed == NULL) return;
     t->managed = NULL; /* empty first: the deleter may run Python code that re-enters */
     /* The deleter may run Python code (numpy's drops a reference), which must not see an
@@ -222,9 +227,105 @@ static int take_exchange(PyObject *obj, xccl_py_tensor_t *t)
     return 0;
 }
 
+/* numpy.ndarray (held) once numpy is imported, else NULL. GIL held. */
+static PyTypeObject *ndarray_type(void)
+{
+    static PyTypeObject *type;
+    static PyObject     *name;
+    PyObject            *np, *nd;
+
+    if (type != NULL) return type;
+    if (name == NULL && (name = PyUnicode_InternFromString("numpy")) == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    np = PyImport_GetModule(name);
+    if (np == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    nd = PyObject_GetAttrString(np, "ndarray");
+    Py_DECREF(np);
+    if (nd == NULL || !PyType_Check(nd)) {
+        Py_XDECREF(nd);
+        PyErr_Clear();
+        return NULL;
+    }
+    type = (PyTypeObject *)nd;
+    return type;
+}
+
+/* The dtype of a buffer-protocol format (native byte order, no prefix), or -1. */
+static int dtype_from_format(const char *f, Py_ssize_t itemsize, xccl_dtype_t *out)
+{
+    if (f == NULL || f[0] == '\0') return -1;
+    if (f[0] == 'Z' && f[2] == '\0') { /* complex */
+        if (f[1] == 'f' && itemsize == 8) *out = XCCL_COMPLEX64;
+        else if (f[1] == 'd' && itemsize == 16) *out = XCCL_COMPLEX128;
+        else return -1;
+        return 0;
+    }
+    if (f[1] != '\0') return -1;
+    switch (f[0]) {
+    case '?': *out = XCCL_BOOL; return itemsize == 1 ? 0 : -1;
+    case 'B': *out = XCCL_UINT8; return itemsize == 1 ? 0 : -1;
+    case 'b':
+    case 'h':
+    case 'i':
+    case 'l':
+    case 'q':
+        switch (itemsize) {
+        case 1: *out = XCCL_INT8; return 0;
+        case 2: *out = XCCL_INT16; return 0;
+        case 4: *out = XCCL_INT32; return 0;
+        case 8: *out = XCCL_INT64; return 0;
+        }
+        return -1;
+    case 'e': *out = XCCL_FLOAT16; return itemsize == 2 ? 0 : -1;
+    case 'f': *out = XCCL_FLOAT32; return itemsize == 4 ? 0 : -1;
+    case 'd': *out = XCCL_FLOAT64; return itemsize == 8 ? 0 : -1;
+    }
+    return -1;
+}
+
+/* numpy arrays through the buffer protocol, which numpy serves without allocating (its
+ * __dlpack__ builds a capsule and a managed tensor on every call). Only an exact
+ * numpy.ndarray whose view needs no check the DLPack route would fail: C-contiguous, a
+ * native-order dtype xccl handles, writable when `flags` has XCCL_PY_BUF_OUTPUT. Anything
+ * else returns -1 (no exception set) and takes the DLPack route, which accepts or rejects it
+ * with its messages. */
+static int take_buffer(PyObject *obj, int flags, xccl_py_tensor_t *t)
+{
+    PyTypeObject *nd = ndarray_type();
+    int           req = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT;
+
+    if (nd == NULL || Py_TYPE(obj) != nd) return -1;
+    if (flags & XCCL_PY_BUF_OUTPUT) req |= PyBUF_WRITABLE;
+    if (PyObject_GetBuffer(obj, &t->view, req) != 0) {
+        PyErr_Clear();
+        t->view.obj = NULL;
+        return -1;
+    }
+    if (t->view.itemsize <= 0 || dtype_from_format(t->view.format, t->view.itemsize, &t->dtype)) {
+        PyBuffer_Release(&t->view);
+        t->view.obj = NULL;
+        return -1;
+    }
+    t->data        = t->view.len > 0 ? t->view.buf : NULL;
+    t->count       = (size_t)(t->view.len / t->view.itemsize);
+    t->read_only   = t->view.readonly;
+    t->device_type = kDLCPU;
+    t->device_id   = 0;
+    return 0;
+}
+
+/* The argument named in messages, "all_reduce sendbuf": formatted only when one is raised. */
+#define WHAT_FMT     "%s%s%s"
+#define WHAT_ARGS(w) (w)->op, (w)->arg[0] ? " " : "", (w)->arg
+
 /* Calls obj.__dlpack__, versioned first. Returns a new reference to the capsule. The method
  * name, the version tuple and the keyword-name tuple are built once (GIL held). */
-static PyObject *export_capsule(PyObject *obj, const char *what)
+static PyObject *export_capsule(PyObject *obj, const xccl_py_what_t *what)
 {
     static PyObject *name, *version, *kwnames;
     PyObject        *slots[3] = {NULL, obj, NULL}; /* slots[0]: scratch the callee may use */
@@ -247,8 +348,9 @@ static PyObject *export_capsule(PyObject *obj, const char *what)
         !PyObject_HasAttr(obj, name)) {
         PyErr_Clear();
         PyErr_Format(PyExc_TypeError,
-                     "%s: expected a tensor or array supporting DLPack (__dlpack__), got %.200s",
-                     what, Py_TYPE(obj)->tp_name);
+                     WHAT_FMT
+                     ": expected a tensor or array supporting DLPack (__dlpack__), got %.200s",
+                     WHAT_ARGS(what), Py_TYPE(obj)->tp_name);
         return NULL;
     }
     if (cap == NULL && PyErr_ExceptionMatches(PyExc_TypeError)) {
@@ -259,7 +361,8 @@ static PyObject *export_capsule(PyObject *obj, const char *what)
 }
 
 /* Takes the managed tensor out of `cap` by renaming it "used_...". */
-static int take_capsule(PyObject *cap, PyObject *obj, const char *what, xccl_py_tensor_t *t)
+static int take_capsule(PyObject *cap, PyObject *obj, const xccl_py_what_t *what,
+                        xccl_py_tensor_t *t)
 {
     const char *name;
     const char *used;
@@ -275,8 +378,8 @@ static int take_capsule(PyObject *cap, PyObject *obj, const char *what, xccl_py_
         t->versioned = 0;
     } else {
         PyErr_Format(PyExc_TypeError,
-                     "%s: %.200s.__dlpack__() returned %.200s, not an unused DLPack capsule", what,
-                     Py_TYPE(obj)->tp_name, Py_TYPE(cap)->tp_name);
+                     WHAT_FMT ": %.200s.__dlpack__() returned %.200s, not an unused DLPack capsule",
+                     WHAT_ARGS(what), Py_TYPE(obj)->tp_name, Py_TYPE(cap)->tp_name);
         return -1;
     }
     managed = PyCapsule_GetPointer(cap, name);
@@ -286,8 +389,8 @@ static int take_capsule(PyObject *cap, PyObject *obj, const char *what, xccl_py_
     return 0;
 }
 
-int xccl_py_tensor_acquire(xccl_py_state_t *state, PyObject *obj, int flags, const char *what,
-                           xccl_py_tensor_t *t)
+int xccl_py_tensor_acquire(xccl_py_state_t *state, PyObject *obj, int flags,
+                           const xccl_py_what_t *what, xccl_py_tensor_t *t)
 {
     PyObject       *cap;
     const DLTensor *dl;
@@ -298,6 +401,7 @@ int xccl_py_tensor_acquire(xccl_py_state_t *state, PyObject *obj, int flags, con
     int             rc;
 
     memset(t, 0, sizeof(*t));
+    if (take_buffer(obj, flags, t) == 0) return 0;
     if (take_exchange(obj, t) < 0) {
         cap = export_capsule(obj, what);
         if (cap == NULL) return -1;
@@ -320,8 +424,8 @@ int xccl_py_tensor_acquire(xccl_py_state_t *state, PyObject *obj, int flags, con
             unsigned major = mv->version.major, minor = mv->version.minor;
             xccl_py_tensor_release(t);
             xccl_py_raise_fmt(state, XCCL_ERR_INVALID_ARG,
-                              "%s: DLPack version %u.%u is not supported (xccl reads 1.x)", what,
-                              major, minor);
+                              WHAT_FMT ": DLPack version %u.%u is not supported (xccl reads 1.x)",
+                              WHAT_ARGS(what), major, minor);
             return -1;
         }
         dl      = &mv->dl_tensor;
@@ -339,31 +443,33 @@ int xccl_py_tensor_acquire(xccl_py_state_t *state, PyObject *obj, int flags, con
         xccl_py_tensor_release(t);
         if (dev != NULL) {
             xccl_py_raise_fmt(state, XCCL_ERR_NOT_SUPPORTED,
-                              "%s: device %U is not supported by this transport yet", what, dev);
+                              WHAT_FMT ": device %U is not supported by this transport yet",
+                              WHAT_ARGS(what), dev);
             Py_DECREF(dev);
         }
         return -1;
     }
     if (dtype_from_dlpack(dl->dtype, &dtype) < 0) {
         PyErr_Format(PyExc_TypeError,
-                     "%s: unsupported dtype (DLPack code %d (%s), bits %d, lanes %d); xccl "
-                     "handles bool, uint8, int8/16/32/64, float16/32/64, bfloat16 and "
+                     WHAT_FMT ": unsupported dtype (DLPack code %d (%s), bits %d, lanes %d); "
+                     "xccl handles bool, uint8, int8/16/32/64, float16/32/64, bfloat16 and "
                      "complex64/128 with lanes=1",
-                     what, (int)dl->dtype.code, dtype_code_name(dl->dtype.code),
+                     WHAT_ARGS(what), (int)dl->dtype.code, dtype_code_name(dl->dtype.code),
                      (int)dl->dtype.bits, (int)dl->dtype.lanes);
         goto fail;
     }
     if (dl->ndim < 0 || (dl->ndim > 0 && dl->shape == NULL)) {
-        xccl_py_raise_fmt(state, XCCL_ERR_INVALID_ARG, "%s: malformed DLPack tensor (ndim %d)",
-                          what, (int)dl->ndim);
+        xccl_py_raise_fmt(state, XCCL_ERR_INVALID_ARG,
+                          WHAT_FMT ": malformed DLPack tensor (ndim %d)", WHAT_ARGS(what),
+                          (int)dl->ndim);
         goto fail;
     }
     for (int32_t i = 0; i < dl->ndim; i++) {
         size_t limit = SIZE_MAX / xccl_dtype_size(dtype); /* keeps count * itemsize in range */
         if (dl->shape[i] < 0 || (dl->shape[i] > 0 && count > limit / (size_t)dl->shape[i])) {
             xccl_py_raise_fmt(state, XCCL_ERR_INVALID_ARG,
-                              "%s: malformed DLPack tensor (dimension %d has extent %lld)", what,
-                              (int)i, (long long)dl->shape[i]);
+                              WHAT_FMT ": malformed DLPack tensor (dimension %d has extent %lld)",
+                              WHAT_ARGS(what), (int)i, (long long)dl->shape[i]);
             goto fail;
         }
         count *= (size_t)dl->shape[i];
@@ -372,26 +478,28 @@ int xccl_py_tensor_acquire(xccl_py_state_t *state, PyObject *obj, int flags, con
         format_dims(strides, sizeof(strides), dl->strides, dl->ndim);
         format_dims(dims, sizeof(dims), dl->shape, dl->ndim);
         xccl_py_raise_fmt(state, XCCL_ERR_INVALID_ARG,
-                          "%s: non-contiguous buffer (strides %s, shape %s) is not supported; "
+                          WHAT_FMT
+                          ": non-contiguous buffer (strides %s, shape %s) is not supported; "
                           "call .contiguous() / np.ascontiguousarray first",
-                          what, strides, dims);
+                          WHAT_ARGS(what), strides, dims);
         goto fail;
     }
     if (dl->data == NULL && count > 0) {
-        xccl_py_raise_fmt(state, XCCL_ERR_INVALID_ARG, "%s: DLPack tensor with a NULL data pointer",
-                          what);
+        xccl_py_raise_fmt(state, XCCL_ERR_INVALID_ARG,
+                          WHAT_FMT ": DLPack tensor with a NULL data pointer", WHAT_ARGS(what));
         goto fail;
     }
     if ((flags & XCCL_PY_BUF_OUTPUT) && t->read_only) {
-        xccl_py_raise_fmt(state, XCCL_ERR_INVALID_ARG, "%s: read-only buffer cannot receive data",
-                          what);
+        xccl_py_raise_fmt(state, XCCL_ERR_INVALID_ARG,
+                          WHAT_FMT ": read-only buffer cannot receive data", WHAT_ARGS(what));
         goto fail;
     }
     if ((flags & XCCL_PY_BUF_OUTPUT) && (dlflags & DLPACK_FLAG_BITMASK_IS_COPIED)) {
         xccl_py_raise_fmt(state, XCCL_ERR_INVALID_ARG,
-                          "%s: the producer exported a copy (DLPack IS_COPIED), so received data "
+                          WHAT_FMT
+                          ": the producer exported a copy (DLPack IS_COPIED), so received data "
                           "would not reach the original buffer",
-                          what);
+                          WHAT_ARGS(what));
         goto fail;
     }
     t->data  = dl->data == NULL ? NULL : (char *)dl->data + dl->byte_offset;

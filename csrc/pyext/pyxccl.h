@@ -85,10 +85,12 @@ extern _Thread_local int xccl_py_in_callback;
  * DLPack consumer (py_tensor.c)
  * ------------------------------------------------------------------------------------------- */
 
-/* A buffer taken from a DLPack producer. Owns the managed tensor until released. */
+/* A buffer taken from a DLPack producer (or, for numpy arrays, through the buffer protocol).
+ * Owns the managed tensor or the buffer view until released. */
 typedef struct xccl_py_tensor {
-    void        *managed;   /* DLManagedTensor or DLManagedTensorVersioned; NULL when empty */
+    void        *managed;   /* DLManagedTensor or DLManagedTensorVersioned, or NULL         */
     int          versioned; /* which of the two `managed` is                                */
+    Py_buffer    view;      /* the buffer-protocol route's view (view.obj NULL: unused)     */
     void        *data;      /* first element (data + byte_offset)                          */
     size_t       count;     /* elements                                                    */
     xccl_dtype_t dtype;
@@ -100,12 +102,17 @@ typedef struct xccl_py_tensor {
 #define XCCL_PY_BUF_OUTPUT     0x1 /* the operation writes into it: reject read-only/copies */
 #define XCCL_PY_BUF_ANY_DEVICE 0x2 /* report the device instead of rejecting it            */
 
+/* The argument a message names: op "all_reduce", arg "recvbuf" (arg may be ""). */
+typedef struct xccl_py_what {
+    const char *op, *arg;
+} xccl_py_what_t;
+
 /* Exports `obj` through __dlpack__ (versioned first, legacy on TypeError), takes ownership of
  * the managed tensor and validates device, dtype, contiguity and (with XCCL_PY_BUF_OUTPUT)
  * writability. `what` names the argument in messages ("all_reduce recvbuf"). On failure the
  * tensor is released, *t left empty and -1 returned with an exception set. */
-int  xccl_py_tensor_acquire(xccl_py_state_t *state, PyObject *obj, int flags, const char *what,
-                            xccl_py_tensor_t *t);
+int  xccl_py_tensor_acquire(xccl_py_state_t *state, PyObject *obj, int flags,
+                            const xccl_py_what_t *what, xccl_py_tensor_t *t);
 /* Calls the producer's deleter once (GIL held) and empties *t. Idempotent. */
 void xccl_py_tensor_release(xccl_py_tensor_t *t);
 /* "cpu", "cuda:0", ... for messages and buffer_info. */
