@@ -24,6 +24,7 @@ from . import _tensor as T
 from ._group import (
     GroupLike,
     ProcessGroup,
+    _current_world,
     canonical_rank,
     ctl_comm,
     get_global_rank,
@@ -37,6 +38,10 @@ _AVG = _C.OPS["avg"]
 
 
 def _member(group: GroupLike, op: str) -> Optional[ProcessGroup]:
+    if group is None:  # the common case, without resolve's checks
+        pg = _current_world().default
+        if pg is not None:
+            return pg
     pg = resolve(group)
     if pg is None:
         warn_not_in_group(op)

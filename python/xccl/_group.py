@@ -306,7 +306,7 @@ def get_global_rank(group: GroupLike, group_rank: int) -> int:
     pg = resolve(group)
     if pg is None:
         raise ValueError("Invalid process group specified: this process is not a member")
-    if pg is _world.default:
+    if pg is _current_world().default:
         return int(group_rank)
     if not 0 <= int(group_rank) < pg.size():
         raise ValueError(f"Group rank {group_rank} is not part of group {pg!r}")
@@ -327,7 +327,7 @@ def canonical_rank(
         rank = int(group_rank)
     elif global_rank is None:
         raise ValueError(f"Must specify {what} or group_{what}")
-    elif pg is _world.default:
+    elif pg is _current_world().default:
         rank = int(global_rank)
     else:
         rank = get_group_rank(pg, global_rank)

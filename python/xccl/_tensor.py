@@ -35,7 +35,7 @@ def is_numpy(t: Any) -> bool:
 def prep(t: Any) -> Any:
     """The object to hand to the C extension: torch tensors that require grad are detached
     (the data is shared, autograd is not involved in communication)."""
-    if is_torch(t) and t.requires_grad:
+    if getattr(t, "requires_grad", False) and is_torch(t):
         return t.detach()
     return t
 
