@@ -7,8 +7,9 @@
  *
  * Waiting: a waiter drives progress itself (no thread hand-off for synchronous operations):
  * it polls for XCCL_SPIN_US microseconds after the last event, then sleeps in the transports
- * and polls again. Between polls it yields the CPU only where the host has more ranks than
- * CPUs (ctx->spin_yield). The background progress thread stands aside while anyone waits.
+ * and polls again. Between polls it yields the CPU where the host has more ranks than CPUs
+ * (ctx->spin_yield), otherwise only every 16th idle poll (a peer that shares our CPU still
+ * gets it soon). The background progress thread stands aside while anyone waits.
  */
 #include "core/core.h"
 
@@ -320,6 +321,7 @@ xccl_status_t xccl_work_wait(xccl_work_t *w, int64_t slice_ms)
     xccl_ctx_t   *ctx;
     uint64_t      t0, now, spin_end, slice_end;
     unsigned      busy = 0; /* passes with events since the clock was last read */
+    unsigned      idle = 0; /* passes that found nothing */
 
     if (st != XCCL_INPROGRESS) return st;
     ctx       = w->comm->ctx;
@@ -350,7 +352,7 @@ xccl_status_t xccl_work_wait(xccl_work_t *w, int64_t slice_ms)
         if (n > 0) continue;
         pthread_mutex_unlock(&ctx->lock);
         if (now < spin_end) {
-            if (ctx->spin_yield) sched_yield();
+            if (ctx->spin_yield || ++idle % 16 == 0) sched_yield();
             else xccl_cpu_relax();
         } else {
             uint64_t left = (slice_end - now) / 1000000u;

@@ -122,17 +122,8 @@ def _op_type(op: Any) -> ReduceOp.RedOpType:
     raise ValueError(f"unknown reduce op {op!r}; valid ops: {valid}")
 
 
-# resolve_op's answers for the RedOpType members, keyed by id(): members live as long as the
-# class, so an id cannot be reused, and a dict lookup by id skips the enum's Python-level
-# __hash__ and the type checks on every collective.
-_RESOLVED: dict[int, tuple[int, float]] = {}
-
-
 def resolve_op(op: Any) -> tuple[int, float]:
     """(xccl_op_t value, premul factor) for an operator given in any accepted form."""
-    hit = _RESOLVED.get(id(op))
-    if hit is not None:
-        return hit
     kind = _op_type(op)
     factor = 1.0
     if kind == ReduceOp.PREMUL_SUM:
@@ -142,10 +133,7 @@ def resolve_op(op: Any) -> tuple[int, float]:
                 "ReduceOp.PREMUL_SUM needs a factor: use _make_nccl_premul_sum(factor)"
             )
         factor = _factor_value(raw)
-    resolved = _C.OPS[_C_NAMES[kind]], factor
-    if type(op) is ReduceOp.RedOpType:
-        _RESOLVED[id(op)] = resolved
-    return resolved
+    return _C.OPS[_C_NAMES[kind]], factor
 
 
 def _make_nccl_premul_sum(factor: Any) -> ReduceOp:
