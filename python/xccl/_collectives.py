@@ -63,7 +63,20 @@ def _done(
     return None
 
 
+# The operators most calls pass, RedOpType members without a factor or a dtype rule, keyed by
+# id(): members live as long as their class, so an id cannot be reused, and the lookup skips
+# resolve_op's type tests and the enum's Python-level __hash__ on every collective.
+_PLAIN_OPS = {
+    id(m): resolve_op(m)
+    for m in ReduceOp.RedOpType
+    if m not in (ReduceOp.RedOpType.AVG, ReduceOp.RedOpType.PREMUL_SUM)
+}
+
+
 def _reduce_op(op: Any, tensor: Any, what: str) -> tuple[int, float]:
+    plain = _PLAIN_OPS.get(id(op))
+    if plain is not None:
+        return plain
     c_op, factor = resolve_op(op)
     if c_op == _AVG and T.is_integer(tensor):
         raise TypeError(
