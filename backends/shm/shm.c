@@ -15,7 +15,10 @@
  *                                 pass), then bumps cma_done; S calls send_done when it sees it
  *   isend writes at once when the queue to that peer is empty (INLINE and small STREAM sends
  *   complete inside isend); otherwise progress writes what the ring has room for. R delivers
- *   one message at a time per peer, in ring order, so matching sees posting order.
+ *   one message at a time per peer, in ring order, so matching sees posting order. A large
+ *   message nobody has posted a receive for yet may be held back (recv_match answers
+ *   XCCL_INPROGRESS): its slot stays at the head of the ring and is offered again each pass,
+ *   so a CMA read lands in the receive's buffer instead of a staging copy.
  *   Cost per message: INLINE ~2 cache-line transfers; STREAM 2 copies; CMA 1 copy + 1 syscall
  *   per 4 MiB.
  *
@@ -576,7 +579,8 @@ static void shm_recv_complete(xccl_tp_ctx_t *ctx, shm_peer_t *p, int *nev)
     ctx->up->recv_done(ctx->up->core, cookie, XCCL_OK);
 }
 
-/* A slot was read: ask the core where its payload goes. 0: go on, -1: the peer failed. */
+/* A slot was read: ask the core where its payload goes. 0: go on, 1: held back (the slot
+ * stays at the head of the ring and is offered again next pass), -1: the peer failed. */
 static int shm_match(xccl_tp_ctx_t *ctx, int peer, const shm_slot_t *s, int *nev)
 {
     shm_peer_t   *p      = &ctx->peers[peer];
@@ -587,6 +591,7 @@ static int shm_match(xccl_tp_ctx_t *ctx, int peer, const shm_slot_t *s, int *nev
 
     p->rhdr = s->hdr;
     st      = ctx->up->recv_match(ctx->up->core, peer, &p->rhdr, &dst, &cookie);
+    if (st == XCCL_INPROGRESS) return 1;
     if (st < 0) {
         snprintf(why, sizeof(why),
                  "message from rank %d (comm %" PRIx64 " tag %" PRIx64 ", %" PRIu64
@@ -688,6 +693,7 @@ static int shm_consume(xccl_tp_ctx_t *ctx, int peer, int drain, int *nev)
     while (atomic_load(&p->state) == SHM_P_UP) {
         if (p->rstate == SHM_R_IDLE) {
             shm_slot_t s;
+            int        rc;
 
             if (p->rtail == p->rhead) {
                 p->rhead = atomic_load_explicit(&r->ctl->head, memory_order_acquire);
@@ -711,8 +717,10 @@ static int shm_consume(xccl_tp_ctx_t *ctx, int peer, int drain, int *nev)
                 shm_fail_peer(ctx, peer, XCCL_ERR_INTERNAL, SHM_DROPPED, why);
                 break;
             }
+            rc = shm_match(ctx, peer, &s, nev);
+            if (rc == 1) break; /* held back (when draining, dropped like a CMA record) */
             p->rtail += SHM_SLOT;
-            if (shm_match(ctx, peer, &s, nev) != 0) break;
+            if (rc != 0) break;
             continue;
         }
         if (p->rstate == SHM_R_STREAM) {
@@ -1352,7 +1360,8 @@ static xccl_status_t shm_get_addr(xccl_tp_ctx_t *ctx, void *addr, size_t *len)
 const xccl_transport_ops_t xccl_transport_shm = {
     .abi_version = XCCL_TRANSPORT_ABI_VERSION,
     .name        = "shm",
-    .caps        = XCCL_TP_CAP_HOST_MEM | XCCL_TP_CAP_INTRA_HOST | XCCL_TP_CAP_RECV_PULL,
+    .caps        = XCCL_TP_CAP_HOST_MEM | XCCL_TP_CAP_INTRA_HOST | XCCL_TP_CAP_RECV_PULL |
+                   XCCL_TP_CAP_DEFER,
     .priority    = 20,
     /* a slot through a ring (~1-2 us with the call around it); bulk data is one copy (CMA)
      * at memory speed */

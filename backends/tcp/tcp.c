@@ -16,6 +16,11 @@
  *           PAYLOAD  bytes already staged are copied to the destination; the rest is read
  *                    straight into it (the read that finishes a message also fills the
  *                    staging buffer with what follows) -> recv_done -> HDR
+ *           DEFER    recv_match said "not yet" (a large message nobody has posted a receive
+ *                    for): nothing more is read from that peer - TCP's flow control holds
+ *                    the sender back - and every progress pass asks again, until the core
+ *                    gives the receive's buffer (no staging copy) or, after its time limit,
+ *                    a staging buffer
  *         A read that comes back short ends the connection's turn (the socket is empty; the
  *         read that would say so costs a call per message). Level-triggered epoll plus a
  *         per-pass read budget keep one busy peer from starving the others; nothing is ever
@@ -83,7 +88,7 @@ typedef enum tcp_peer_state {
     TCP_P_DEAD,       /* the connection broke; isend fails                                 */
 } tcp_peer_state_t;
 
-typedef enum tcp_rstate { TCP_R_HDR = 0, TCP_R_PAYLOAD } tcp_rstate_t;
+typedef enum tcp_rstate { TCP_R_HDR = 0, TCP_R_PAYLOAD, TCP_R_DEFER } tcp_rstate_t;
 
 /* A queued send. The payload is the caller's until send_done. */
 typedef struct tcp_send {
@@ -155,6 +160,7 @@ struct xccl_tp_ctx {
     xccl_status_t  wire_err; /* a fatal wire-up error met by an event handler */
     int64_t        wire_deadline;
     int            nbroken;
+    int            ndefer; /* peers in TCP_R_DEFER */
     tcp_send_t    *free_sends;
 };
 
@@ -292,6 +298,7 @@ static void tcp_fail_peer(xccl_tp_ctx_t *ctx, int peer, xccl_status_t st, const 
         ctx->up->send_done(ctx->up->core, cookie, XCCL_ERR_REMOTE);
         q = next;
     }
+    if (p->rstate == TCP_R_DEFER) ctx->ndefer--; /* nothing was promised for it */
     if (p->rstate == TCP_R_PAYLOAD) {
         void *cookie = p->rcookie;
         p->rstate    = TCP_R_HDR;
@@ -469,7 +476,8 @@ static xccl_status_t tcp_isend(xccl_tp_ctx_t *ctx, int peer, const xccl_msg_hdr_
  * Receive path
  * ------------------------------------------------------------------------------------------- */
 
-/* A header is in p->rhdr: ask the core where its payload goes. 0: go on, -1: peer failed. */
+/* A header is in p->rhdr (first offer, or again while deferred): ask the core where its
+ * payload goes. 0: go on, 1: deferred (stop reading this peer), -1: peer failed. */
 static int tcp_match(xccl_tp_ctx_t *ctx, int peer, int *nev)
 {
     tcp_peer_t   *p      = &ctx->peers[peer];
@@ -479,6 +487,15 @@ static int tcp_match(xccl_tp_ctx_t *ctx, int peer, int *nev)
     char          why[256];
 
     st = ctx->up->recv_match(ctx->up->core, peer, &p->rhdr, &dst, &cookie);
+    if (st == XCCL_INPROGRESS) {
+        if (p->rstate != TCP_R_DEFER) ctx->ndefer++;
+        p->rstate = TCP_R_DEFER;
+        return 1;
+    }
+    if (p->rstate == TCP_R_DEFER) {
+        ctx->ndefer--;
+        p->rstate = TCP_R_HDR;
+    }
     if (st < 0) {
         snprintf(why, sizeof(why),
                  "message from rank %d (comm %" PRIx64 " tag %" PRIx64 ", %" PRIu64
@@ -528,6 +545,7 @@ static void tcp_recv(xccl_tp_ctx_t *ctx, int peer, int *nev)
     int         drained = 0;
     ssize_t     r       = 0;
 
+    if (p->rstate == TCP_R_DEFER && tcp_match(ctx, peer, nev) != 0) return;
     while (p->state == TCP_P_UP) {
         if (p->rstate == TCP_R_HDR) {
             size_t avail = p->rlen - p->roff;
@@ -1019,6 +1037,10 @@ static xccl_status_t tcp_progress(xccl_tp_ctx_t *ctx, int *nevents)
     int                nev = 0, n, i;
 
     if (ctx->nbroken > 0) tcp_fail_broken(ctx);
+    /* held-back messages: ask again (their sockets may have nothing new to report) */
+    for (i = 0; ctx->ndefer > 0 && i < ctx->size; i++)
+        if (ctx->peers[i].state == TCP_P_UP && ctx->peers[i].rstate == TCP_R_DEFER)
+            tcp_recv(ctx, i, &nev);
     n = epoll_wait(ctx->epfd, evs, TCP_MAX_EVENTS, 0);
     if (n < 0 && errno != EINTR)
         return XCCL_ERROR(XCCL_ERR_SYSTEM, "tcp: rank %d: epoll_wait failed: %s", ctx->rank,
@@ -1297,13 +1319,16 @@ static void tcp_wait(xccl_tp_ctx_t *ctx, int timeout_ms)
 {
     struct pollfd pfd = {.fd = ctx->epfd, .events = POLLIN};
 
+    /* a held-back message is asked about on every pass: no sleeping (the core bounds how
+     * long a message is held) */
+    if (ctx->ndefer > 0) return;
     (void)poll(&pfd, 1, timeout_ms);
 }
 
 const xccl_transport_ops_t xccl_transport_tcp = {
     .abi_version = XCCL_TRANSPORT_ABI_VERSION,
     .name        = "tcp",
-    .caps        = XCCL_TP_CAP_HOST_MEM,
+    .caps        = XCCL_TP_CAP_HOST_MEM | XCCL_TP_CAP_DEFER,
     .priority    = 10,
     .init        = tcp_init,
     .finalize    = tcp_finalize,

@@ -200,6 +200,11 @@ struct xccl_ctx {
     int               ntp;
     int8_t           *peer_tp;   /* transport index per world rank (-1: self)             */
     char            **peer_dead; /* reason, or NULL while the peer is healthy            */
+    /* large unexpected messages held back in their transport (XCCL_TP_CAP_DEFER): when the
+     * one from each world rank was first offered (ms, 0: none), for how long, from what size */
+    int64_t          *defer_since;
+    int64_t           defer_ms;
+    uint64_t          defer_min;
     xccl_req_t       *posted_head, *posted_tail;
     xccl_umsg_t      *unexp_head, *unexp_tail;
     xccl_work_t      *active_head, *active_tail;

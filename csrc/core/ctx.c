@@ -159,6 +159,7 @@ static void ctx_free(xccl_ctx_t *ctx)
         free(c);
     }
     free(ctx->peer_dead);
+    free(ctx->defer_since);
     free(ctx->peer_tp);
     free(ctx->peers);
     pthread_mutex_destroy(&ctx->lock);
@@ -213,9 +214,12 @@ xccl_status_t xccl_ctx_create(const xccl_comm_config_t *cfg, xccl_ctx_t **out)
     ctx->peers   = calloc((size_t)cfg->size, sizeof(*ctx->peers));
     ctx->peer_tp = calloc((size_t)cfg->size, sizeof(*ctx->peer_tp));
     ctx->peer_dead = calloc((size_t)cfg->size, sizeof(char *));
+    ctx->defer_since = calloc((size_t)cfg->size, sizeof(int64_t));
+    ctx->defer_ms    = xccl_env_int("XCCL_DEFER_MS", 10);
+    ctx->defer_min   = (uint64_t)xccl_env_int("XCCL_DEFER_MIN_BYTES", 64 << 10);
     recs         = calloc((size_t)cfg->size, sizeof(*recs));
     raw          = calloc((size_t)cfg->size, sizeof(void *));
-    if (!ctx->peers || !ctx->peer_tp || !ctx->peer_dead || !recs || !raw) {
+    if (!ctx->peers || !ctx->peer_tp || !ctx->peer_dead || !ctx->defer_since || !recs || !raw) {
         st = XCCL_ERROR(XCCL_ERR_NO_MEMORY, "comm create: out of memory");
         goto out;
     }
@@ -526,6 +530,24 @@ static void umsg_deliver(xccl_ctx_t *ctx, xccl_umsg_t *u, xccl_req_t *r)
     req_complete(ctx, r, st);
 }
 
+/* Whether the unexpected message `hdr` from `peer` waits in its transport for a receive
+ * (XCCL_INPROGRESS) rather than being staged, which costs a fresh buffer and a second copy.
+ * Only payloads of XCCL_DEFER_MIN_BYTES and more, only operation data (control messages are
+ * the core's own), only over transports that can hold a message, and for XCCL_DEFER_MS at
+ * most: everything behind it from that peer waits too, and a program may first need one of
+ * those (a receive for a later tag), so the wait must end by itself. */
+static int defer(xccl_ctx_t *ctx, int peer, const xccl_msg_hdr_t *hdr)
+{
+    int64_t now;
+
+    if (hdr->nbytes < ctx->defer_min || ctx->defer_ms <= 0 || peer == ctx->rank ||
+        ctx->peer_tp[peer] < 0 || !(ctx->tp[ctx->peer_tp[peer]].ops->caps & XCCL_TP_CAP_DEFER))
+        return 0;
+    now = xccl_now_ms();
+    if (ctx->defer_since[peer] == 0) ctx->defer_since[peer] = now;
+    return now - ctx->defer_since[peer] < ctx->defer_ms;
+}
+
 static xccl_status_t up_recv_match(void *core, int peer, const xccl_msg_hdr_t *hdr,
                                    xccl_tp_buf_t *dst, void **cookie)
 {
@@ -559,6 +581,7 @@ static xccl_status_t up_recv_match(void *core, int peer, const xccl_msg_hdr_t *h
         if (req_matches(r, peer, hdr)) break;
     }
     if (r != NULL) {
+        ctx->defer_since[peer] = 0;
         posted_unlink(ctx, r);
         r->src      = peer;
         r->received = hdr->nbytes;
@@ -576,7 +599,9 @@ static xccl_status_t up_recv_match(void *core, int peer, const xccl_msg_hdr_t *h
         *cookie = r;
         return XCCL_OK;
     }
+    if (defer(ctx, peer, hdr)) return XCCL_INPROGRESS;
 stage:
+    ctx->defer_since[peer] = 0;
     u = calloc(1, sizeof(*u));
     if (u == NULL) return XCCL_ERR_NO_MEMORY;
     u->ctype  = COOKIE_UMSG;

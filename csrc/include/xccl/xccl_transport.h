@@ -76,7 +76,10 @@ typedef struct xccl_tp_upcalls {
     /* A header from `peer` arrived. On XCCL_OK, *dst says where the hdr->nbytes of payload go
      * (dst->ptr may be NULL only when nbytes is 0); *cookie is passed to recv_done. A negative
      * status means the message is refused (the transport drops the payload and reports the
-     * peer as failed). */
+     * peer as failed). XCCL_INPROGRESS, only to transports with XCCL_TP_CAP_DEFER: nothing
+     * is posted for this message yet and the core would rather wait a little than stage it
+     * (an extra copy into a fresh buffer); the transport keeps the header, takes nothing more
+     * from that peer and asks again on each progress pass until the answer is final. */
     xccl_status_t (*recv_match)(void *core, int peer, const xccl_msg_hdr_t *hdr,
                                 xccl_tp_buf_t *dst, void **cookie);
     /* The payload of a matched message is in place (st == XCCL_OK) or will never arrive. */
@@ -109,6 +112,8 @@ enum {
     /* large payloads are copied by the receiver straight from the sender's memory (e.g.
      * cross-memory attach), so the receivers of one sender copy in parallel */
     XCCL_TP_CAP_RECV_PULL  = 1u << 4,
+    /* can hold a message back when recv_match answers XCCL_INPROGRESS (see there) */
+    XCCL_TP_CAP_DEFER      = 1u << 5,
 };
 
 typedef struct xccl_transport_ops {
