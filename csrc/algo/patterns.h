@@ -79,10 +79,6 @@ static inline size_t xccl_pat_block_max(size_t count, int n)
  * would rule the direct algorithms out everywhere.) */
 static inline double xccl_pat_direct_steps(int n) { return n <= 1 ? 0 : 1 + (n - 2) / 8.0; }
 
-/* The same charge for a round in which a rank has `msgs` messages in flight at once (direct
- * rounds: msgs = n-1): one α, plus α/8 for each further message. */
-static inline double xccl_pat_round_steps(int msgs) { return msgs <= 0 ? 0 : 1 + (msgs - 1) / 8.0; }
-
 /* ---------------------------------------------------------------------------------------------
  * Ring: rank r sends to r+1 and receives from r-1. Over n-1 steps s = 0..n-2,
  *

@@ -218,9 +218,19 @@ static void test_patterns(void)
         CHECK((1 << xccl_pat_log2_ceil(n)) >= n);
         CHECK(n == 1 || (1 << (xccl_pat_log2_ceil(n) - 1)) < n);
         CHECK(xccl_pat_mod(-n, 7) == (7 - n % 7) % 7);
-        /* a direct round is a round of n-1 messages: 1 + (n-2)/8 */
-        CHECK(xccl_pat_round_steps(n - 1) == xccl_pat_direct_steps(n));
-        CHECK(xccl_pat_round_steps(n) == 1 + (n - 1) / 8.0);
+        /* a direct round: 1 + (n-2)/8 */
+        CHECK(n == 1 ? xccl_pat_direct_steps(n) == 0 : xccl_pat_direct_steps(n) == 1 + (n - 2) / 8.0);
+    }
+    /* owner: one step per peer for each round, C+1 rounds for all_reduce and C for
+     * reduce_scatter, with C = chunks of XCCL_OWNER_CHUNK_BYTES (256 KiB) per block */
+    {
+        xccl_cost_t c;
+        xccl_algo_allreduce_owner.cost(4, 1 << 20, &c); /* blocks of 256 KiB: C = 1 */
+        CHECK_MSG(c.steps == 2 * 3, "owner all_reduce 4 x 1 MiB: %g steps", c.steps);
+        xccl_algo_allreduce_owner.cost(2, 4 << 20, &c); /* blocks of 2 MiB: C = 8 */
+        CHECK_MSG(c.steps == 9 * 1, "owner all_reduce 2 x 4 MiB: %g steps", c.steps);
+        xccl_algo_reduce_scatter_owner.cost(4, 4 << 20, &c); /* blocks of 1 MiB: C = 4 */
+        CHECK_MSG(c.steps == 4 * 3, "owner reduce_scatter 4 x 4 MiB: %g steps", c.steps);
     }
 
     /* blocks: cover [0, count), sizes differ by at most one, larger ones first */
@@ -451,8 +461,8 @@ static void allreduce_traffic(const xccl_algo_t *a, int n, size_t count, size_t 
         const char *v = getenv(XCCL_PAT_OWNER_CHUNK_ENV);
         CHECK_MSG(sim_distinct_steps(res, -1) <= 2 * (size_t)C, "%s: %zu steps, %d chunks", what,
                   sim_distinct_steps(res, -1), C);
-        /* first and last round n-1 messages, the C-1 between 2(n-1): 1 + (m-1)/8 each */
-        double want = 2 * (1 + (n - 2) / 8.0) + (C - 1) * (1 + (2 * n - 3) / 8.0);
+        /* C+1 rounds, each a synchronisation with the n-1 peers */
+        double want = (double)(C + 1) * (n - 1);
         if (count % (size_t)n == 0 && (v == NULL || strtoull(v, NULL, 10) % es == 0))
             CHECK_MSG(c.steps == want, "%s: cost %g, want %g, %d chunks", what, c.steps, want, C);
     }
