@@ -4,6 +4,7 @@ world of size 1 (init/destroy, argument checking, errors, Work handles). Nothing
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 import time
@@ -425,6 +426,27 @@ def test_bad_arguments(world):
         dist.DeviceMesh("cpu", [[0]], mesh_dim_names=("a",))
     with pytest.raises(RuntimeError, match="mesh_shape"):
         dist.init_device_mesh("cpu", (2,))
+
+
+def test_all_reduce_fast_path_leaves_the_rest_to_the_general_one(world):
+    """all_reduce's one-call path (numpy arrays, tensors with a DLPack exchange table; plain
+    operators; the default group) gives the general path's results, and leaves any other
+    producer to it untouched: exported once, released once."""
+    from dlpack_producer import Producer
+
+    a = np.arange(6, dtype=np.int64)
+    dist.all_reduce(a)  # the one-call path
+    dist.all_reduce(a, op=dist.ReduceOp.MAX)
+    dist.all_reduce(a, op="sum")  # a spelling it does not take: the general path
+    assert a.tolist() == list(range(6))
+    p = Producer.of_values("f", [1.0, 2.0])
+    dist.all_reduce(p)
+    gc.collect()
+    assert (p.exported, p.deleted, p.unconsumed) == (1, 1, 0)
+    if torch is not None:
+        w = torch.ones(3, requires_grad=True)  # declined (no export of grad tensors), detached
+        dist.all_reduce(w)
+        assert torch.equal(w.detach(), torch.ones(3)) and w.requires_grad
 
 
 @needs_torch

@@ -530,6 +530,44 @@ static PyObject *comm_allreduce(xccl_py_comm_t *self, PyObject *args, PyObject *
     return call_end(&c, st, w);
 }
 
+/* allreduce_now(buf, op, timeout) -> bool: an in-place all_reduce posted and waited for in one
+ * call, the torch-style layer's common case. False, with nothing posted and no exception, when
+ * the buffer is not one of those read without producer code (a numpy array, a tensor with a
+ * DLPack exchange table) or a check fails: the general path then does the same work and
+ * raises the message. True once done; the operation's own failures raise. */
+static PyObject *comm_allreduce_now(xccl_py_comm_t *self, PyObject *const *args,
+                                    Py_ssize_t nargs)
+{
+    call_t            c;
+    xccl_py_tensor_t *t;
+    xccl_work_t      *w = NULL;
+    xccl_status_t     st;
+    PyObject         *work, *res;
+    long              op;
+
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "allreduce_now(buf, op, timeout) takes 3 arguments");
+        return NULL;
+    }
+    op = PyLong_AsLong(args[1]);
+    if (op == -1 && PyErr_Occurred()) return NULL;
+    if (call_begin(&c, self, "all_reduce", NULL, 1.0, args[2]) < 0) return NULL;
+    t = take(&c, 0, args[0], XCCL_PY_BUF_OUTPUT | XCCL_PY_BUF_NO_CAPSULE, "sendbuf/recvbuf");
+    if (t == NULL || check_op(&c, (int)op, t->dtype) < 0) {
+        PyErr_Clear();
+        call_fail(&c);
+        Py_RETURN_FALSE;
+    }
+    if (ready(&c, self) < 0) return call_fail(&c);
+    st   = xccl_allreduce(c.comm, t->data, t->data, t->count, t->dtype, (xccl_op_t)op, &c.opts,
+                          &w);
+    work = call_end(&c, st, w);
+    if (work == NULL) return NULL;
+    res = xccl_py_work_wait((xccl_py_work_t *)work);
+    Py_DECREF(work);
+    return res;
+}
+
 static PyObject *comm_broadcast(xccl_py_comm_t *self, PyObject *args, PyObject *kwds)
 {
     static char      *kwlist[] = {"buf", "root", "algo", "timeout", NULL};
@@ -871,6 +909,9 @@ static PyMethodDef comm_methods[] = {
     {"irecv", KW(comm_irecv), "irecv(buf, peer=ANY_SOURCE, tag=0) -> Work"},
     {"allreduce", KW(comm_allreduce),
      "allreduce(sendbuf, recvbuf, op, premul=1.0, algo=None, timeout=None) -> Work"},
+    {"allreduce_now", (PyCFunction)(void (*)(void))comm_allreduce_now, METH_FASTCALL,
+     "allreduce_now(buf, op, timeout) -> bool: in-place all_reduce, posted and waited for; "
+     "False (nothing done) where the general path must handle buf"},
     {"broadcast", KW(comm_broadcast), "broadcast(buf, root, algo=None, timeout=None) -> Work"},
     {"reduce", KW(comm_reduce),
      "reduce(sendbuf, recvbuf, op, root, premul=1.0, algo=None, timeout=None) -> Work\n\n"

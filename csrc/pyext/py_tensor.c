@@ -403,6 +403,7 @@ int xccl_py_tensor_acquire(xccl_py_state_t *state, PyObject *obj, int flags,
     memset(t, 0, sizeof(*t));
     if (take_buffer(obj, flags, t) == 0) return 0;
     if (take_exchange(obj, t) < 0) {
+        if (flags & XCCL_PY_BUF_NO_CAPSULE) return -1;
         cap = export_capsule(obj, what);
         if (cap == NULL) return -1;
         rc = take_capsule(cap, obj, what, t);

@@ -237,16 +237,13 @@ static xccl_status_t wait_slices(xccl_py_work_t *self, int64_t timeout_ms, int *
     return st;
 }
 
-static PyObject *work_wait(xccl_py_work_t *self, PyObject *args, PyObject *kwds)
+/* Work.wait's body: Py_True once the operation succeeded; NULL with the operation's error,
+ * a timeout (`timeout_obj` names the limit in the message) or an interrupt. */
+static PyObject *wait_for(xccl_py_work_t *self, int64_t timeout_ms, PyObject *timeout_obj)
 {
-    static char  *kwlist[]    = {"timeout", NULL};
-    PyObject     *timeout_obj = Py_None;
-    int64_t       timeout_ms;
     int           interrupted = 0;
     xccl_status_t st;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|O:wait", kwlist, &timeout_obj)) return NULL;
-    if (xccl_py_seconds_to_ms(timeout_obj, INT64_MAX, "timeout", &timeout_ms) < 0) return NULL;
     if (timeout_ms >= XCCL_PY_FOREVER_MS) timeout_ms = INT64_MAX;
     st = poll(self, 1);
     if (st == XCCL_INPROGRESS) {
@@ -263,6 +260,19 @@ static PyObject *work_wait(xccl_py_work_t *self, PyObject *args, PyObject *kwds)
     }
     if (st < 0) return raise_error_of(self);
     Py_RETURN_TRUE;
+}
+
+PyObject *xccl_py_work_wait(xccl_py_work_t *self) { return wait_for(self, INT64_MAX, Py_None); }
+
+static PyObject *work_wait(xccl_py_work_t *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[]    = {"timeout", NULL};
+    PyObject    *timeout_obj = Py_None;
+    int64_t      timeout_ms;
+
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|O:wait", kwlist, &timeout_obj)) return NULL;
+    if (xccl_py_seconds_to_ms(timeout_obj, INT64_MAX, "timeout", &timeout_ms) < 0) return NULL;
+    return wait_for(self, timeout_ms, timeout_obj);
 }
 
 static PyObject *work_is_completed(xccl_py_work_t *self, PyObject *unused)

@@ -101,6 +101,9 @@ typedef struct xccl_py_tensor {
 
 #define XCCL_PY_BUF_OUTPUT     0x1 /* the operation writes into it: reject read-only/copies */
 #define XCCL_PY_BUF_ANY_DEVICE 0x2 /* report the device instead of rejecting it            */
+#define XCCL_PY_BUF_NO_CAPSULE 0x4 /* only the routes that run no producer code (numpy's
+                                    * buffer, the DLPack exchange table): -1 without an
+                                    * exception when neither applies                     */
 
 /* The argument a message names: op "all_reduce", arg "recvbuf" (arg may be ""). */
 typedef struct xccl_py_what {
@@ -159,6 +162,9 @@ extern PyType_Spec xccl_py_work_spec;
 
 /* A fresh, empty Work (GIL held). The caller acquires buffers into it, then posts. */
 xccl_py_work_t *xccl_py_work_new(xccl_py_state_t *state);
+/* Work.wait() without a limit (the operation's own timeout applies): Py_True, or NULL with
+ * the operation's error or an interrupt. */
+PyObject       *xccl_py_work_wait(xccl_py_work_t *self);
 
 /* ---------------------------------------------------------------------------------------------
  * Introspection (py_introspect.c): entries of the module and Comm method tables

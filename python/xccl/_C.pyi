@@ -159,6 +159,10 @@ class Comm:
     # not block; the returned Work owns the buffers until the operation completes.
     def allreduce(self, sendbuf: Any, recvbuf: Any, op: int, premul: float = 1.0,
                   algo: Optional[str] = None, timeout: Optional[float] = None) -> Work: ...
+    def allreduce_now(self, buf: Any, op: int, timeout: Optional[float]) -> bool:
+        """In-place all_reduce, posted and waited for; False (nothing done) where the general
+        path must handle buf."""
+        ...
     def broadcast(self, buf: Any, root: int, algo: Optional[str] = None,
                   timeout: Optional[float] = None) -> Work:
         """buf may be read-only at the root."""

@@ -322,6 +322,14 @@ def all_reduce(
     algo: Optional[str] = None,
 ) -> Optional[Work]:
     """Reduces `tensor` across the group with `op`; every rank gets the result in place."""
+    if group is None and not async_op and algo is None:
+        # the common call in one C call; it declines (nothing done) whatever needs the
+        # general path below, which then also raises the messages
+        pg = _current_world().default
+        plain = _PLAIN_OPS.get(id(op))
+        if plain is not None and pg is not None:
+            if pg.comm.allreduce_now(tensor, plain[0], pg._timeout_arg):
+                return None
     T.check_tensor(tensor, "tensor")
     pg = _member(group, "all_reduce")
     if pg is None:
