@@ -611,6 +611,16 @@ static void job_ring_use(int rank)
     teardown();
 }
 
+/* The core holds a large message back (see defer_check): a CMA record, or (cma = 0) one
+ * streamed through the ring. */
+static void job_defer(int rank)
+{
+    setup(rank);
+    CHECK(wire(NULL, 5000) == XCCL_OK);
+    defer_check(rank, &S->flag[FL_DONE]);
+    teardown();
+}
+
 /* The core refuses a message: the transport fails that peer with the core's status, and the
  * sender learns it was dropped. */
 static void job_refuse(int rank)
@@ -914,6 +924,7 @@ int main(void)
         run_job("all_to_all", 4, cma, job_all_to_all, 60, -1);
         run_job("sleepy", 2, cma, job_sleepy, 60, -1);
         run_job("close_peer", 2, cma, job_close_peer, 30, -1);
+        run_job("defer", 2, cma, job_defer, 30, -1);
         run_job("kill", 3, cma, job_kill, 30, 1);
     }
     run_job("wrap", 2, 0, job_wrap, 60, -1);

@@ -96,6 +96,8 @@ static struct fake {
     size_t        posted_cap[MAXR];
     int           verify_free; /* check the payload at recv_done, then free it */
     uint64_t      refuse_tag;  /* recv_match refuses this tag (0: none) */
+    uint64_t      defer_tag;   /* recv_match holds this tag back ... */
+    int           defer_left;  /* ... for this many more offers (XCCL_INPROGRESS) */
     int           nsend_ok, nsend_err, nrecv_ok, nrecv_err;
     int           failed[MAXR];
     xccl_status_t failed_st[MAXR];
@@ -115,6 +117,10 @@ static inline xccl_status_t fake_recv_match(void *core, int peer, const xccl_msg
 
     if (core != &F || peer < 0 || peer >= F.size) F.callbacks_bad++;
     if (F.refuse_tag != 0 && hdr->tag == F.refuse_tag) return XCCL_ERR_MISMATCH;
+    if (F.defer_left > 0 && hdr->tag == F.defer_tag) {
+        F.defer_left--;
+        return XCCL_INPROGRESS;
+    }
     m       = calloc(1, sizeof(*m));
     m->peer = peer;
     m->hdr  = *hdr;
@@ -331,6 +337,43 @@ static inline void exchange(const uint8_t *use, int count, const size_t *sizes, 
     }
     free(st);
     free(bufs);
+}
+
+/* Held back (XCCL_TP_CAP_DEFER): the core answers XCCL_INPROGRESS to a large message's first
+ * offers. The transport must offer it again on later passes, take nothing else from that peer
+ * meanwhile (the small message sent after it arrives after it), and deliver it intact once
+ * accepted. Rank 1 sends, rank 0 receives; `done` lets the sender go. */
+static inline void defer_check(int rank, atomic_int *done)
+{
+    enum { BIG = 300000, SMALL = 64, OFFERS = 5 };
+
+    if (rank == 0) {
+        size_t n      = 2;
+        F.verify_free = 1;
+        F.defer_tag   = 7;
+        F.defer_left  = OFFERS;
+        CHECK(drive(have_msgs, &n, 10000));
+        CHECK(F.defer_left == 0); /* asked again until accepted */
+        CHECK(F.nmsgs == 2 && F.msgs[0]->hdr.tag == 7 && F.msgs[1]->hdr.tag == 8);
+        CHECK(F.msgs[0]->intact && F.msgs[1]->intact);
+        atomic_store(done, 1);
+    } else {
+        char          *big = malloc(BIG), small[SMALL];
+        xccl_msg_hdr_t h1  = {.tag = 7, .fp = 77, .nbytes = BIG};
+        xccl_msg_hdr_t h2  = {.tag = 8, .fp = 78, .nbytes = SMALL};
+        xccl_tp_buf_t  b1  = {big, XCCL_MEM_HOST, NULL}, b2 = {small, XCCL_MEM_HOST, NULL};
+        xccl_status_t  st[2] = {XCCL_INPROGRESS, XCCL_INPROGRESS};
+        sends_t        s     = {st, 2};
+
+        fill(big, BIG, 77);
+        fill(small, SMALL, 78);
+        CHECK(TP->isend(CTX, 0, &h1, &b1, &st[0]) == XCCL_OK);
+        CHECK(TP->isend(CTX, 0, &h2, &b2, &st[1]) == XCCL_OK);
+        CHECK(drive(sends_done, &s, 10000));
+        CHECK(st[0] == XCCL_OK && st[1] == XCCL_OK);
+        CHECK(wait_flag(done, 1, 10000));
+        free(big);
+    }
 }
 
 #endif /* XCCL_TESTS_TP_HARNESS_H */
