@@ -428,21 +428,29 @@ def test_bad_arguments(world):
         dist.init_device_mesh("cpu", (2,))
 
 
-def test_all_reduce_fast_path_leaves_the_rest_to_the_general_one(world):
-    """all_reduce's one-call path (numpy arrays, tensors with a DLPack exchange table; plain
-    operators; the default group) gives the general path's results, and leaves any other
-    producer to it untouched: exported once, released once."""
+def test_one_call_paths_leave_the_rest_to_the_general_one(world):
+    """The one-call paths of all_reduce, broadcast, send and recv (numpy arrays, tensors with a
+    DLPack exchange table; the default group) give the general path's results, leave any other
+    producer to it untouched (exported once, released once), and leave it the messages."""
     from dlpack_producer import Producer
 
     a = np.arange(6, dtype=np.int64)
     dist.all_reduce(a)  # the one-call path
     dist.all_reduce(a, op=dist.ReduceOp.MAX)
     dist.all_reduce(a, op="sum")  # a spelling it does not take: the general path
+    dist.broadcast(a, src=0)
     assert a.tolist() == list(range(6))
-    p = Producer.of_values("f", [1.0, 2.0])
-    dist.all_reduce(p)
-    gc.collect()
-    assert (p.exported, p.deleted, p.unconsumed) == (1, 1, 0)
+    for call in (dist.all_reduce, lambda t: dist.broadcast(t, src=0)):
+        p = Producer.of_values("f", [1.0, 2.0])
+        call(p)
+        gc.collect()
+        assert (p.exported, p.deleted, p.unconsumed) == (1, 1, 0)
+    with pytest.raises(ValueError, match="destination rank should not be the same"):
+        dist.send(a, dst=0)
+    with pytest.raises(ValueError, match="source rank should not be the same"):
+        dist.recv(a, src=0)
+    with pytest.raises(ValueError, match="src"):
+        dist.broadcast(a, src=5)
     if torch is not None:
         w = torch.ones(3, requires_grad=True)  # declined (no export of grad tensors), detached
         dist.all_reduce(w)

@@ -530,11 +530,58 @@ static PyObject *comm_allreduce(xccl_py_comm_t *self, PyObject *args, PyObject *
     return call_end(&c, st, w);
 }
 
-/* allreduce_now(buf, op, timeout) -> bool: an in-place all_reduce posted and waited for in one
- * call, the torch-style layer's common case. False, with nothing posted and no exception, when
- * the buffer is not one of those read without producer code (a numpy array, a tensor with a
- * DLPack exchange table) or a check fails: the general path then does the same work and
- * raises the message. True once done; the operation's own failures raise. */
+/* ---------------------------------------------------------------------------------------------
+ * One-call paths: an operation posted and waited for in one call, for the torch-style layer's
+ * common cases (default group, blocking, a numpy array or a tensor with a DLPack exchange
+ * table). Each declines - returns None, having posted nothing and set no exception - where the
+ * general path must handle the call (a buffer readable only through producer code, an
+ * argument a check refuses), so that this path raises the message. Failures of the operation
+ * itself raise.
+ * ------------------------------------------------------------------------------------------- */
+
+static PyObject *now_decline(call_t *c)
+{
+    PyErr_Clear();
+    call_fail(c);
+    Py_RETURN_NONE;
+}
+
+/* The post's result waited for: Py_True (or, with `source`, the sender's rank), or NULL. */
+static PyObject *now_wait(call_t *c, xccl_status_t st, xccl_work_t *w, int source)
+{
+    PyObject *work = call_end(c, st, w), *res;
+
+    if (work == NULL) return NULL;
+    res = xccl_py_work_wait((xccl_py_work_t *)work);
+    if (res != NULL && source) Py_SETREF(res, PyLong_FromLong(((xccl_py_work_t *)work)->source));
+    Py_DECREF(work);
+    return res;
+}
+
+/* The integer arguments of a one-call method; -1 (exception cleared) when one is not an int
+ * in range, which the general path then reports. */
+static int now_ints(PyObject *const *args, Py_ssize_t nargs, const char *sig, long *a, long *b)
+{
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "%s takes 3 arguments", sig);
+        return -2;
+    }
+    *a = PyLong_AsLong(args[1]);
+    *b = PyLong_Check(args[2]) ? PyLong_AsLong(args[2]) : 0;
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        return -1;
+    }
+    return 0;
+}
+
+/* A peer rank other than this one, and a tag, both in range. */
+static int now_peer_ok(const xccl_py_comm_t *self, long peer, long tag)
+{
+    return peer >= 0 && peer < self->size && peer != self->rank && tag >= 0 && tag <= MAX_TAG;
+}
+
+/* allreduce_now(buf, op, timeout) -> True | None: in place. */
 static PyObject *comm_allreduce_now(xccl_py_comm_t *self, PyObject *const *args,
                                     Py_ssize_t nargs)
 {
@@ -542,30 +589,81 @@ static PyObject *comm_allreduce_now(xccl_py_comm_t *self, PyObject *const *args,
     xccl_py_tensor_t *t;
     xccl_work_t      *w = NULL;
     xccl_status_t     st;
-    PyObject         *work, *res;
-    long              op;
+    long              op, unused;
+    int               rc = now_ints(args, nargs, "allreduce_now(buf, op, timeout)", &op, &unused);
 
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "allreduce_now(buf, op, timeout) takes 3 arguments");
-        return NULL;
-    }
-    op = PyLong_AsLong(args[1]);
-    if (op == -1 && PyErr_Occurred()) return NULL;
+    if (rc == -2) return NULL;
+    if (rc < 0) Py_RETURN_NONE;
     if (call_begin(&c, self, "all_reduce", NULL, 1.0, args[2]) < 0) return NULL;
     t = take(&c, 0, args[0], XCCL_PY_BUF_OUTPUT | XCCL_PY_BUF_NO_CAPSULE, "sendbuf/recvbuf");
-    if (t == NULL || check_op(&c, (int)op, t->dtype) < 0) {
-        PyErr_Clear();
-        call_fail(&c);
-        Py_RETURN_FALSE;
-    }
+    if (t == NULL || check_op(&c, (int)op, t->dtype) < 0) return now_decline(&c);
     if (ready(&c, self) < 0) return call_fail(&c);
-    st   = xccl_allreduce(c.comm, t->data, t->data, t->count, t->dtype, (xccl_op_t)op, &c.opts,
-                          &w);
-    work = call_end(&c, st, w);
-    if (work == NULL) return NULL;
-    res = xccl_py_work_wait((xccl_py_work_t *)work);
-    Py_DECREF(work);
-    return res;
+    st = xccl_allreduce(c.comm, t->data, t->data, t->count, t->dtype, (xccl_op_t)op, &c.opts, &w);
+    return now_wait(&c, st, w, 0);
+}
+
+/* broadcast_now(buf, root, timeout) -> True | None. */
+static PyObject *comm_broadcast_now(xccl_py_comm_t *self, PyObject *const *args,
+                                    Py_ssize_t nargs)
+{
+    call_t            c;
+    xccl_py_tensor_t *t;
+    xccl_work_t      *w = NULL;
+    xccl_status_t     st;
+    long              root, unused;
+    int               rc = now_ints(args, nargs, "broadcast_now(buf, root, timeout)", &root,
+                                    &unused);
+
+    if (rc == -2) return NULL;
+    if (rc < 0 || root < 0 || root >= self->size) Py_RETURN_NONE;
+    if (call_begin(&c, self, "broadcast", NULL, 1.0, args[2]) < 0) return NULL;
+    t = take(&c, 0, args[0], (root == self->rank ? 0 : XCCL_PY_BUF_OUTPUT) | XCCL_PY_BUF_NO_CAPSULE,
+             "buf");
+    if (t == NULL) return now_decline(&c);
+    if (ready(&c, self) < 0) return call_fail(&c);
+    st = xccl_broadcast(c.comm, t->data, t->count, t->dtype, (int)root, &c.opts, &w);
+    return now_wait(&c, st, w, 0);
+}
+
+/* send_now(buf, peer, tag) -> True | None: waits until the send completed. */
+static PyObject *comm_send_now(xccl_py_comm_t *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    call_t            c;
+    xccl_py_tensor_t *t;
+    xccl_work_t      *w = NULL;
+    xccl_status_t     st;
+    long              peer, tag;
+    int               rc = now_ints(args, nargs, "send_now(buf, peer, tag)", &peer, &tag);
+
+    if (rc == -2) return NULL;
+    if (rc < 0 || !now_peer_ok(self, peer, tag)) Py_RETURN_NONE;
+    if (call_begin(&c, self, "send", NULL, 1.0, NULL) < 0) return NULL;
+    if ((t = take(&c, 0, args[0], XCCL_PY_BUF_NO_CAPSULE, "buf")) == NULL) return now_decline(&c);
+    if (ready(&c, self) < 0) return call_fail(&c);
+    st = xccl_isend(c.comm, t->data, t->count * xccl_dtype_size(t->dtype), (int)peer,
+                    (uint32_t)tag, &w);
+    return now_wait(&c, st, w, 0);
+}
+
+/* recv_now(buf, peer, tag) -> the sender's rank | None. */
+static PyObject *comm_recv_now(xccl_py_comm_t *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    call_t            c;
+    xccl_py_tensor_t *t;
+    xccl_work_t      *w = NULL;
+    xccl_status_t     st;
+    long              peer, tag;
+    int               rc = now_ints(args, nargs, "recv_now(buf, peer, tag)", &peer, &tag);
+
+    if (rc == -2) return NULL;
+    if (rc < 0 || !now_peer_ok(self, peer, tag)) Py_RETURN_NONE;
+    if (call_begin(&c, self, "recv", NULL, 1.0, NULL) < 0) return NULL;
+    t = take(&c, 0, args[0], XCCL_PY_BUF_OUTPUT | XCCL_PY_BUF_NO_CAPSULE, "buf");
+    if (t == NULL) return now_decline(&c);
+    if (ready(&c, self) < 0) return call_fail(&c);
+    st = xccl_irecv(c.comm, t->data, t->count * xccl_dtype_size(t->dtype), (int)peer,
+                    (uint32_t)tag, &w);
+    return now_wait(&c, st, w, 1);
 }
 
 static PyObject *comm_broadcast(xccl_py_comm_t *self, PyObject *args, PyObject *kwds)
@@ -892,7 +990,8 @@ static PyObject *comm_barrier(xccl_py_comm_t *self, PyObject *args, PyObject *kw
  * Type
  * ------------------------------------------------------------------------------------------- */
 
-#define KW(f) ((PyCFunction)(void (*)(void))(f)), METH_VARARGS | METH_KEYWORDS
+#define KW(f)  ((PyCFunction)(void (*)(void))(f)), METH_VARARGS | METH_KEYWORDS
+#define NOW(f) ((PyCFunction)(void (*)(void))(f)), METH_FASTCALL
 
 static PyMethodDef comm_methods[] = {
     {"split", KW(comm_split),
@@ -909,9 +1008,14 @@ static PyMethodDef comm_methods[] = {
     {"irecv", KW(comm_irecv), "irecv(buf, peer=ANY_SOURCE, tag=0) -> Work"},
     {"allreduce", KW(comm_allreduce),
      "allreduce(sendbuf, recvbuf, op, premul=1.0, algo=None, timeout=None) -> Work"},
-    {"allreduce_now", (PyCFunction)(void (*)(void))comm_allreduce_now, METH_FASTCALL,
-     "allreduce_now(buf, op, timeout) -> bool: in-place all_reduce, posted and waited for; "
-     "False (nothing done) where the general path must handle buf"},
+    {"allreduce_now", NOW(comm_allreduce_now),
+     "allreduce_now(buf, op, timeout) -> True | None: in-place all_reduce, posted and waited "
+     "for; None (nothing done) where the general path must handle the call"},
+    {"broadcast_now", NOW(comm_broadcast_now),
+     "broadcast_now(buf, root, timeout) -> True | None: broadcast, posted and waited for"},
+    {"send_now", NOW(comm_send_now), "send_now(buf, peer, tag) -> True | None: blocking send"},
+    {"recv_now", NOW(comm_recv_now),
+     "recv_now(buf, peer, tag) -> source rank | None: blocking receive from `peer`"},
     {"broadcast", KW(comm_broadcast), "broadcast(buf, root, algo=None, timeout=None) -> Work"},
     {"reduce", KW(comm_reduce),
      "reduce(sendbuf, recvbuf, op, root, premul=1.0, algo=None, timeout=None) -> Work\n\n"

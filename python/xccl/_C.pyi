@@ -159,9 +159,19 @@ class Comm:
     # not block; the returned Work owns the buffers until the operation completes.
     def allreduce(self, sendbuf: Any, recvbuf: Any, op: int, premul: float = 1.0,
                   algo: Optional[str] = None, timeout: Optional[float] = None) -> Work: ...
-    def allreduce_now(self, buf: Any, op: int, timeout: Optional[float]) -> bool:
-        """In-place all_reduce, posted and waited for; False (nothing done) where the general
-        path must handle buf."""
+    # One-call paths: posted and waited for; None (nothing done) where the general path
+    # must handle the call.
+    def allreduce_now(self, buf: Any, op: int, timeout: Optional[float]) -> Optional[bool]:
+        """In-place all_reduce."""
+        ...
+    def broadcast_now(self, buf: Any, root: int, timeout: Optional[float]) -> Optional[bool]:
+        """Broadcast from `root`."""
+        ...
+    def send_now(self, buf: Any, peer: int, tag: int) -> Optional[bool]:
+        """Blocking send to `peer` (not this rank)."""
+        ...
+    def recv_now(self, buf: Any, peer: int, tag: int) -> Optional[int]:
+        """Blocking receive from `peer` (not this rank); the sender's rank."""
         ...
     def broadcast(self, buf: Any, root: int, algo: Optional[str] = None,
                   timeout: Optional[float] = None) -> Work:

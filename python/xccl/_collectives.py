@@ -192,6 +192,11 @@ def send(
     group_dst: Optional[int] = None,
 ) -> None:
     """Sends `tensor` to `dst` and waits until the send completed."""
+    if group is None and group_dst is None and dst is not None:
+        # the common call in one C call (see all_reduce)
+        pg = _current_world().default
+        if pg is not None and pg.comm.send_now(tensor, dst, tag) is not None:
+            return
     T.check_tensor(tensor, "tensor")
     pg = _member(group, "send")
     if pg is None:
@@ -209,6 +214,14 @@ def recv(
 ) -> int:
     """Receives into `tensor` from `src` (None: from any rank) and waits; returns the
     sender's global rank (-1 for non-members)."""
+    if group is None and group_src is None and src is not None:
+        # the common call in one C call (see all_reduce); on the default group the sender's
+        # rank is its global rank
+        pg = _current_world().default
+        if pg is not None:
+            source = pg.comm.recv_now(tensor, src, tag)
+            if source is not None:
+                return int(source)
     T.check_tensor(tensor, "tensor")
     T.check_writable(tensor, "tensor")
     pg = _member(group, "recv")
@@ -304,6 +317,11 @@ def broadcast(
     algo: Optional[str] = None,
 ) -> Optional[Work]:
     """Copies `tensor` of rank `src` into `tensor` of every rank."""
+    if group is None and group_src is None and src is not None and not async_op and algo is None:
+        # the common call in one C call (see all_reduce)
+        pg = _current_world().default
+        if pg is not None and pg.comm.broadcast_now(tensor, src, pg._timeout_arg) is not None:
+            return None
     T.check_tensor(tensor, "tensor")
     pg = _member(group, "broadcast")
     if pg is None:
@@ -323,12 +341,12 @@ def all_reduce(
 ) -> Optional[Work]:
     """Reduces `tensor` across the group with `op`; every rank gets the result in place."""
     if group is None and not async_op and algo is None:
-        # the common call in one C call; it declines (nothing done) whatever needs the
-        # general path below, which then also raises the messages
+        # the common call in one C call; it declines (None, nothing done) whatever needs
+        # the general path below, which then also raises the messages
         pg = _current_world().default
         plain = _PLAIN_OPS.get(id(op))
         if plain is not None and pg is not None:
-            if pg.comm.allreduce_now(tensor, plain[0], pg._timeout_arg):
+            if pg.comm.allreduce_now(tensor, plain[0], pg._timeout_arg) is not None:
                 return None
     T.check_tensor(tensor, "tensor")
     pg = _member(group, "all_reduce")
