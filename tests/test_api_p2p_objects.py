@@ -39,6 +39,20 @@ def body_p2p(rank, size):
             dist.send(np.full(10, rank, np.float32), dst=nxt)
         assert (got == prv).all()
 
+    # blocking send/recv with a tag and ranks given as numpy integers (the one-call path
+    # reads them as integers, as the general path does): rank 1 sends tag 3 then tag 4,
+    # rank 0 receives tag 4 first
+    if size > 1 and rank in (0, 1):
+        if rank == 1:
+            dist.send(np.full(2, 3, np.int64), dst=np.int64(0), tag=np.int64(3))
+            dist.send(np.full(2, 4, np.int64), dst=np.int64(0), tag=np.int64(4))
+        else:
+            a, b = np.zeros(2, np.int64), np.zeros(2, np.int64)
+            w = dist.irecv(a, src=1, tag=3)
+            assert dist.recv(b, src=np.int64(1), tag=np.int64(4)) == 1
+            w.wait()
+            assert a.tolist() == [3, 3] and b.tolist() == [4, 4]
+
     # any-source receive (on its own tag, so that faster ranks' later messages do not
     # match): rank 0 hears from everyone (rank 1 twice), in whatever order
     if rank == 0 and size > 1:

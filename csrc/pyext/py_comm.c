@@ -558,8 +558,9 @@ static PyObject *now_wait(call_t *c, xccl_status_t st, xccl_work_t *w, int sourc
     return res;
 }
 
-/* The integer arguments of a one-call method; -1 (exception cleared) when one is not an int
- * in range, which the general path then reports. */
+/* The integer arguments of a one-call method: args[1], and args[2] when `b` is given (else
+ * args[2] is a timeout). -1 (exception cleared) when one is not an integer in range, which
+ * the general path then reports; -2 (TypeError) for a wrong argument count. */
 static int now_ints(PyObject *const *args, Py_ssize_t nargs, const char *sig, long *a, long *b)
 {
     if (nargs != 3) {
@@ -567,7 +568,7 @@ static int now_ints(PyObject *const *args, Py_ssize_t nargs, const char *sig, lo
         return -2;
     }
     *a = PyLong_AsLong(args[1]);
-    *b = PyLong_Check(args[2]) ? PyLong_AsLong(args[2]) : 0;
+    if (b != NULL && !PyErr_Occurred()) *b = PyLong_AsLong(args[2]);
     if (PyErr_Occurred()) {
         PyErr_Clear();
         return -1;
@@ -589,8 +590,8 @@ static PyObject *comm_allreduce_now(xccl_py_comm_t *self, PyObject *const *args,
     xccl_py_tensor_t *t;
     xccl_work_t      *w = NULL;
     xccl_status_t     st;
-    long              op, unused;
-    int               rc = now_ints(args, nargs, "allreduce_now(buf, op, timeout)", &op, &unused);
+    long              op;
+    int               rc = now_ints(args, nargs, "allreduce_now(buf, op, timeout)", &op, NULL);
 
     if (rc == -2) return NULL;
     if (rc < 0) Py_RETURN_NONE;
@@ -610,9 +611,8 @@ static PyObject *comm_broadcast_now(xccl_py_comm_t *self, PyObject *const *args,
     xccl_py_tensor_t *t;
     xccl_work_t      *w = NULL;
     xccl_status_t     st;
-    long              root, unused;
-    int               rc = now_ints(args, nargs, "broadcast_now(buf, root, timeout)", &root,
-                                    &unused);
+    long              root;
+    int               rc = now_ints(args, nargs, "broadcast_now(buf, root, timeout)", &root, NULL);
 
     if (rc == -2) return NULL;
     if (rc < 0 || root < 0 || root >= self->size) Py_RETURN_NONE;
