@@ -625,45 +625,41 @@ static PyObject *comm_broadcast_now(xccl_py_comm_t *self, PyObject *const *args,
     return now_wait(&c, st, w, 0);
 }
 
-/* send_now(buf, peer, tag) -> True | None: waits until the send completed. */
-static PyObject *comm_send_now(xccl_py_comm_t *self, PyObject *const *args, Py_ssize_t nargs)
+/* send_now(buf, peer, tag) -> True | None, a send waited for until it completed, and
+ * recv_now(buf, peer, tag) -> the sender's rank | None (`recv`). */
+static PyObject *p2p_now(xccl_py_comm_t *self, PyObject *const *args, Py_ssize_t nargs,
+                         int recv)
 {
     call_t            c;
     xccl_py_tensor_t *t;
     xccl_work_t      *w = NULL;
     xccl_status_t     st;
-    long              peer, tag;
-    int               rc = now_ints(args, nargs, "send_now(buf, peer, tag)", &peer, &tag);
+    long              peer = 0, tag = 0;
+    size_t            nbytes;
+    int               rc = now_ints(args, nargs, recv ? "recv_now(buf, peer, tag)"
+                                                      : "send_now(buf, peer, tag)",
+                                    &peer, &tag);
 
     if (rc == -2) return NULL;
     if (rc < 0 || !now_peer_ok(self, peer, tag)) Py_RETURN_NONE;
-    if (call_begin(&c, self, "send", NULL, 1.0, NULL) < 0) return NULL;
-    if ((t = take(&c, 0, args[0], XCCL_PY_BUF_NO_CAPSULE, "buf")) == NULL) return now_decline(&c);
-    if (ready(&c, self) < 0) return call_fail(&c);
-    st = xccl_isend(c.comm, t->data, t->count * xccl_dtype_size(t->dtype), (int)peer,
-                    (uint32_t)tag, &w);
-    return now_wait(&c, st, w, 0);
-}
-
-/* recv_now(buf, peer, tag) -> the sender's rank | None. */
-static PyObject *comm_recv_now(xccl_py_comm_t *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    call_t            c;
-    xccl_py_tensor_t *t;
-    xccl_work_t      *w = NULL;
-    xccl_status_t     st;
-    long              peer, tag;
-    int               rc = now_ints(args, nargs, "recv_now(buf, peer, tag)", &peer, &tag);
-
-    if (rc == -2) return NULL;
-    if (rc < 0 || !now_peer_ok(self, peer, tag)) Py_RETURN_NONE;
-    if (call_begin(&c, self, "recv", NULL, 1.0, NULL) < 0) return NULL;
-    t = take(&c, 0, args[0], XCCL_PY_BUF_OUTPUT | XCCL_PY_BUF_NO_CAPSULE, "buf");
+    if (call_begin(&c, self, recv ? "recv" : "send", NULL, 1.0, NULL) < 0) return NULL;
+    t = take(&c, 0, args[0], (recv ? XCCL_PY_BUF_OUTPUT : 0) | XCCL_PY_BUF_NO_CAPSULE, "buf");
     if (t == NULL) return now_decline(&c);
     if (ready(&c, self) < 0) return call_fail(&c);
-    st = xccl_irecv(c.comm, t->data, t->count * xccl_dtype_size(t->dtype), (int)peer,
-                    (uint32_t)tag, &w);
-    return now_wait(&c, st, w, 1);
+    nbytes = t->count * xccl_dtype_size(t->dtype);
+    st     = recv ? xccl_irecv(c.comm, t->data, nbytes, (int)peer, (uint32_t)tag, &w)
+                  : xccl_isend(c.comm, t->data, nbytes, (int)peer, (uint32_t)tag, &w);
+    return now_wait(&c, st, w, recv);
+}
+
+static PyObject *comm_send_now(xccl_py_comm_t *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    return p2p_now(self, args, nargs, 0);
+}
+
+static PyObject *comm_recv_now(xccl_py_comm_t *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    return p2p_now(self, args, nargs, 1);
 }
 
 static PyObject *comm_broadcast(xccl_py_comm_t *self, PyObject *args, PyObject *kwds)
