@@ -157,29 +157,41 @@ static int owner_nchunks(size_t block_bytes, size_t elsize)
     return xccl_pat_owner_nchunks(block_bytes, (size_t)chunk);
 }
 
-static xccl_status_t owner_run(xccl_task_t *t, owner_ctx_t *x, size_t block_max)
+/* Runs the rounds over blocks of at most block_max elements, reading `in`, writing `out`;
+ * `gather`: all_reduce (phase 2 sends the owned block to every rank). */
+static xccl_status_t owner_run(xccl_task_t *t, const void *in, void *out, int gather,
+                               size_t block_max)
 {
-    uint64_t     *w = xccl_task_state(t); /* w[0]: next round, w[1]: chunks */
-    size_t        nbytes;
-    xccl_status_t st;
+    const xccl_coll_args_t *a = xccl_task_args(t);
+    uint64_t               *w = xccl_task_state(t); /* w[0]: next round, w[1]: chunks */
+    owner_ctx_t             x = {.t      = t,
+                                 .in     = in,
+                                 .out    = out,
+                                 .count  = a->count,
+                                 .es     = a->elsize,
+                                 .rank   = xccl_task_rank(t),
+                                 .size   = xccl_task_size(t),
+                                 .gather = gather};
+    size_t                  nbytes;
+    xccl_status_t           st;
 
-    if (w[1] == 0) w[1] = (uint64_t)owner_nchunks(block_max * x->es, x->es);
-    x->nchunks = (int)w[1];
-    x->slot    = xccl_pat_block_max(block_max, x->nchunks);
-    nbytes     = 2 * (size_t)(x->size - 1) * x->slot * x->es;
-    x->win     = xccl_task_scratch(t, nbytes);
-    if (x->win == NULL)
+    if (w[1] == 0) w[1] = (uint64_t)owner_nchunks(block_max * x.es, x.es);
+    x.nchunks = (int)w[1];
+    x.slot    = xccl_pat_block_max(block_max, x.nchunks);
+    nbytes    = 2 * (size_t)(x.size - 1) * x.slot * x.es;
+    x.win     = xccl_task_scratch(t, nbytes);
+    if (x.win == NULL)
         return XCCL_ERROR(XCCL_ERR_NO_MEMORY, "%s owner: rank %d: no memory for %zu B of scratch",
-                          xccl_coll_name(xccl_task_args(t)->coll), x->rank, nbytes);
+                          xccl_coll_name(a->coll), x.rank, nbytes);
 
     while ((st = xccl_task_test(t)) == XCCL_OK) {
         int k = (int)w[0];
 
-        if (k > x->nchunks) return XCCL_OK;
-        if (k < x->nchunks) XCCL_CHECK(owner_post_scatter(x, k));
+        if (k > x.nchunks) return XCCL_OK;
+        if (k < x.nchunks) XCCL_CHECK(owner_post_scatter(&x, k));
         if (k > 0) {
-            XCCL_CHECK(owner_reduce(x, k - 1));
-            if (x->gather) XCCL_CHECK(owner_post_gather(x, k - 1));
+            XCCL_CHECK(owner_reduce(&x, k - 1));
+            if (x.gather) XCCL_CHECK(owner_post_gather(&x, k - 1));
         }
         w[0] = (uint64_t)k + 1;
     }
@@ -206,19 +218,10 @@ static void owner_cost(int n, size_t block_bytes, int gather, xccl_cost_t *out)
 static xccl_status_t allreduce_progress(xccl_task_t *t)
 {
     const xccl_coll_args_t *a = xccl_task_args(t);
-    owner_ctx_t             x;
+    int                     n = xccl_task_size(t);
 
-    memset(&x, 0, sizeof(x));
-    x.t      = t;
-    x.rank   = xccl_task_rank(t);
-    x.size   = xccl_task_size(t);
-    x.in     = a->rbuf;
-    x.out    = a->rbuf;
-    x.count  = a->count;
-    x.es     = a->elsize;
-    x.gather = 1;
-    if (x.size == 1 || x.count == 0) return XCCL_OK;
-    return owner_run(t, &x, xccl_pat_block_max(x.count, x.size));
+    if (n == 1 || a->count == 0) return XCCL_OK;
+    return owner_run(t, a->rbuf, a->rbuf, 1, xccl_pat_block_max(a->count, n));
 }
 
 static void allreduce_cost(int n, size_t nbytes, xccl_cost_t *out)
@@ -247,22 +250,13 @@ const xccl_algo_t xccl_algo_allreduce_owner = {
 static xccl_status_t reduce_scatter_progress(xccl_task_t *t)
 {
     const xccl_coll_args_t *a = xccl_task_args(t);
-    owner_ctx_t             x;
 
     if (a->count == 0) return XCCL_OK;
     if (xccl_task_size(t) == 1) {
         if (a->rbuf != a->sbuf) memmove(a->rbuf, a->sbuf, a->count * a->elsize);
         return XCCL_OK;
     }
-    memset(&x, 0, sizeof(x));
-    x.t     = t;
-    x.rank  = xccl_task_rank(t);
-    x.size  = xccl_task_size(t);
-    x.in    = a->sbuf;
-    x.out   = a->rbuf;
-    x.count = a->count;
-    x.es    = a->elsize;
-    return owner_run(t, &x, x.count);
+    return owner_run(t, a->sbuf, a->rbuf, 0, a->count);
 }
 
 static void reduce_scatter_cost(int n, size_t nbytes, xccl_cost_t *out)
