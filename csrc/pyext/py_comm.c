@@ -582,47 +582,46 @@ static int now_peer_ok(const xccl_py_comm_t *self, long peer, long tag)
     return peer >= 0 && peer < self->size && peer != self->rank && tag >= 0 && tag <= MAX_TAG;
 }
 
-/* allreduce_now(buf, op, timeout) -> True | None: in place. */
-static PyObject *comm_allreduce_now(xccl_py_comm_t *self, PyObject *const *args,
-                                    Py_ssize_t nargs)
+/* allreduce_now(buf, op, timeout) -> True | None, in place, and broadcast_now(buf, root,
+ * timeout) -> True | None (`bcast`: `arg` is the root, else the operator). */
+static PyObject *one_buf_now(xccl_py_comm_t *self, PyObject *const *args, Py_ssize_t nargs,
+                             int bcast)
 {
     call_t            c;
     xccl_py_tensor_t *t;
     xccl_work_t      *w = NULL;
     xccl_status_t     st;
-    long              op;
-    int               rc = now_ints(args, nargs, "allreduce_now(buf, op, timeout)", &op, NULL);
+    long              arg = 0;
+    int               flags, rc;
 
+    rc = now_ints(args, nargs,
+                  bcast ? "broadcast_now(buf, root, timeout)" : "allreduce_now(buf, op, timeout)",
+                  &arg, NULL);
     if (rc == -2) return NULL;
-    if (rc < 0) Py_RETURN_NONE;
-    if (call_begin(&c, self, "all_reduce", NULL, 1.0, args[2]) < 0) return NULL;
-    t = take(&c, 0, args[0], XCCL_PY_BUF_OUTPUT | XCCL_PY_BUF_NO_CAPSULE, "sendbuf/recvbuf");
-    if (t == NULL || check_op(&c, (int)op, t->dtype) < 0) return now_decline(&c);
+    if (rc < 0 || (bcast && (arg < 0 || arg >= self->size))) Py_RETURN_NONE;
+    if (call_begin(&c, self, bcast ? "broadcast" : "all_reduce", NULL, 1.0, args[2]) < 0)
+        return NULL;
+    /* a broadcast root only reads its buffer */
+    flags = (bcast && arg == self->rank ? 0 : XCCL_PY_BUF_OUTPUT) | XCCL_PY_BUF_NO_CAPSULE;
+    t     = take(&c, 0, args[0], flags, bcast ? "buf" : "sendbuf/recvbuf");
+    if (t == NULL || (!bcast && check_op(&c, (int)arg, t->dtype) < 0)) return now_decline(&c);
     if (ready(&c, self) < 0) return call_fail(&c);
-    st = xccl_allreduce(c.comm, t->data, t->data, t->count, t->dtype, (xccl_op_t)op, &c.opts, &w);
+    st = bcast ? xccl_broadcast(c.comm, t->data, t->count, t->dtype, (int)arg, &c.opts, &w)
+               : xccl_allreduce(c.comm, t->data, t->data, t->count, t->dtype, (xccl_op_t)arg,
+                                &c.opts, &w);
     return now_wait(&c, st, w, 0);
 }
 
-/* broadcast_now(buf, root, timeout) -> True | None. */
+static PyObject *comm_allreduce_now(xccl_py_comm_t *self, PyObject *const *args,
+                                    Py_ssize_t nargs)
+{
+    return one_buf_now(self, args, nargs, 0);
+}
+
 static PyObject *comm_broadcast_now(xccl_py_comm_t *self, PyObject *const *args,
                                     Py_ssize_t nargs)
 {
-    call_t            c;
-    xccl_py_tensor_t *t;
-    xccl_work_t      *w = NULL;
-    xccl_status_t     st;
-    long              root;
-    int               rc = now_ints(args, nargs, "broadcast_now(buf, root, timeout)", &root, NULL);
-
-    if (rc == -2) return NULL;
-    if (rc < 0 || root < 0 || root >= self->size) Py_RETURN_NONE;
-    if (call_begin(&c, self, "broadcast", NULL, 1.0, args[2]) < 0) return NULL;
-    t = take(&c, 0, args[0], (root == self->rank ? 0 : XCCL_PY_BUF_OUTPUT) | XCCL_PY_BUF_NO_CAPSULE,
-             "buf");
-    if (t == NULL) return now_decline(&c);
-    if (ready(&c, self) < 0) return call_fail(&c);
-    st = xccl_broadcast(c.comm, t->data, t->count, t->dtype, (int)root, &c.opts, &w);
-    return now_wait(&c, st, w, 0);
+    return one_buf_now(self, args, nargs, 1);
 }
 
 /* send_now(buf, peer, tag) -> True | None, a send waited for until it completed, and
