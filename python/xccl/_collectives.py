@@ -159,29 +159,30 @@ def irecv(
     return Work(pg.comm.irecv(T.prep(tensor), peer, tag), [tensor])
 
 
-def _send_peer(pg: ProcessGroup, dst: Optional[int], group_dst: Optional[int]) -> int:
-    """The group rank a blocking send goes to; never this rank (as torch checks)."""
-    peer = canonical_rank(pg, dst, group_dst, "dst")
+def _other_rank(
+    pg: ProcessGroup, rank: Optional[int], group_rank: Optional[int], arg: str, role: str
+) -> int:
+    """The group rank a blocking send (`arg` "dst", `role` "destination") or receive ("src",
+    "source") is with; never this rank, as torch checks, in torch's words."""
+    peer = canonical_rank(pg, rank, group_rank, arg)
     if peer == pg.rank():
         raise ValueError(
-            "Invalid destination rank: destination rank should not be the same as the rank "
-            "of the current process."
-        )
-    return peer
-
-
-def _recv_peer(pg: ProcessGroup, src: Optional[int], group_src: Optional[int]) -> int:
-    """The group rank a blocking receive takes from (ANY_SOURCE when neither is given);
-    never this rank."""
-    if src is None and group_src is None:
-        return _C.ANY_SOURCE
-    peer = canonical_rank(pg, src, group_src, "src")
-    if peer == pg.rank():
-        raise ValueError(
-            "Invalid source rank: source rank should not be the same as the rank of the "
+            f"Invalid {role} rank: {role} rank should not be the same as the rank of the "
             "current process."
         )
     return peer
+
+
+def _send_peer(pg: ProcessGroup, dst: Optional[int], group_dst: Optional[int]) -> int:
+    """The group rank a blocking send goes to."""
+    return _other_rank(pg, dst, group_dst, "dst", "destination")
+
+
+def _recv_peer(pg: ProcessGroup, src: Optional[int], group_src: Optional[int]) -> int:
+    """The group rank a blocking receive takes from (ANY_SOURCE when neither is given)."""
+    if src is None and group_src is None:
+        return _C.ANY_SOURCE
+    return _other_rank(pg, src, group_src, "src", "source")
 
 
 def send(
