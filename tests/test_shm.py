@@ -420,13 +420,12 @@ def body_killed_in_wire_up(rank, world_size, tmp, victim):
     return seen[0], str(info.value), waited
 
 
-def test_killed_rank_in_wire_up_leaves_nothing(tmp_path):
-    """A rank SIGKILLed while its segment is still linked: the others' init fails naming it,
-    and its segment is unlinked by them."""
-    n, victim = 3, 1
-    res = run_spmd(
-        body_killed_in_wire_up,
-        n,
+def _run_with_victim(body, tmp_path, victim):
+    """Runs `body(rank, 3, tmp, victim)` on 3 ranks without a process group; `victim` is
+    expected to die of SIGKILL."""
+    return run_spmd(
+        body,
+        3,
         str(tmp_path),
         victim,
         init=False,
@@ -434,6 +433,13 @@ def test_killed_rank_in_wire_up_leaves_nothing(tmp_path):
         timeout=60,
         expect_exit={victim: -signal.SIGKILL},
     )
+
+
+def test_killed_rank_in_wire_up_leaves_nothing(tmp_path):
+    """A rank SIGKILLed while its segment is still linked: the others' init fails naming it,
+    and its segment is unlinked by them."""
+    victim = 1
+    res = _run_with_victim(body_killed_in_wire_up, tmp_path, victim)
     for rank in (0, 2):
         seg, msg, waited = res[rank]
         assert f"rank {victim}" in msg and "shm" in msg, (rank, msg)
@@ -470,17 +476,8 @@ def body_next_job(rank, world_size, tmp):
 def test_segment_of_rank_killed_before_publishing_is_swept(tmp_path):
     """The victim's segment outlives the failed job (no one knew its name); the next shm
     init on the host removes it, since its owner's lock is gone."""
-    n, victim = 3, 1
-    res = run_spmd(
-        body_killed_before_publishing,
-        n,
-        str(tmp_path),
-        victim,
-        init=False,
-        env=ENV,
-        timeout=60,
-        expect_exit={victim: -signal.SIGKILL},
-    )
+    victim = 1
+    res = _run_with_victim(body_killed_before_publishing, tmp_path, victim)
     job = _job_of(res[0][0])
     left = _leftovers(jobs={job})
     assert len(left) == 1 and f"-{victim}-" in left[0], left

@@ -93,15 +93,14 @@ static void check_allreduce(int n, layout_t l, size_t count, xccl_op_t op)
         buf[r] = malloc(count * sizeof(int32_t) + 1);
         for (size_t i = 0; i < count; i++)
             buf[r][i] = value(r, i);
-        memset(&args[r], 0, sizeof(args[r]));
-        args[r].coll   = XCCL_COLL_ALLREDUCE;
-        args[r].sbuf   = buf[r];
-        args[r].rbuf   = buf[r];
-        args[r].count  = count;
-        args[r].dtype  = XCCL_INT32;
-        args[r].elsize = sizeof(int32_t);
-        args[r].op     = op;
-        args[r].topo   = l == L_NONE ? NULL : &topo;
+        args[r] = (xccl_coll_args_t){.coll   = XCCL_COLL_ALLREDUCE,
+                                     .sbuf   = buf[r],
+                                     .rbuf   = buf[r],
+                                     .count  = count,
+                                     .dtype  = XCCL_INT32,
+                                     .elsize = sizeof(int32_t),
+                                     .op     = op,
+                                     .topo   = l == L_NONE ? NULL : &topo};
     }
     st = sim_run(&xccl_algo_allreduce_hier, n, args, &opts, &res);
     CHECK_MSG(st == XCCL_OK, "%s: %s", what, res.error);
@@ -159,16 +158,15 @@ static void check_broadcast(int n, layout_t l, size_t count, int root)
         buf[r] = malloc(count * sizeof(double) + 1);
         for (size_t i = 0; i < count; i++)
             buf[r][i] = r == root ? (double)i * 0.5 + root : -1.0;
-        memset(&args[r], 0, sizeof(args[r]));
-        args[r].coll   = XCCL_COLL_BROADCAST;
-        args[r].sbuf   = buf[r];
-        args[r].rbuf   = buf[r];
-        args[r].count  = count;
-        args[r].dtype  = XCCL_FLOAT64;
-        args[r].elsize = sizeof(double);
-        args[r].op     = XCCL_OP_SUM;
-        args[r].root   = root;
-        args[r].topo   = l == L_NONE ? NULL : &topo;
+        args[r] = (xccl_coll_args_t){.coll   = XCCL_COLL_BROADCAST,
+                                     .sbuf   = buf[r],
+                                     .rbuf   = buf[r],
+                                     .count  = count,
+                                     .dtype  = XCCL_FLOAT64,
+                                     .elsize = sizeof(double),
+                                     .op     = XCCL_OP_SUM,
+                                     .root   = root,
+                                     .topo   = l == L_NONE ? NULL : &topo};
     }
     st = sim_run(&xccl_algo_broadcast_hier, n, args, &opts, &res);
     CHECK_MSG(st == XCCL_OK, "%s: %s", what, res.error);
