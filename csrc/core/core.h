@@ -50,7 +50,6 @@ static inline uint64_t tag_ctrl(uint64_t seq) { return ((uint64_t)TAG_KIND_CTRL 
 static inline uint64_t tag_ctrl_seq(uint64_t tag) { return tag & TAG_SEQ_MASK; }
 static inline int      tag_kind(uint64_t tag) { return (int)(tag >> 62); }
 static inline uint64_t tag_seq(uint64_t tag) { return (tag >> 20) & TAG_SEQ_MASK; }
-static inline uint32_t tag_step(uint64_t tag) { return (uint32_t)(tag & XCCL_STEP_MAX); }
 
 /* Fingerprint of a collective call: coll(4) dtype(4) op(4) root(12) count(40). */
 uint64_t xccl_fp_make(xccl_coll_t coll, xccl_dtype_t dtype, xccl_op_t op, int root,
