@@ -16,7 +16,6 @@
  */
 #include "core/core.h"
 
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -175,15 +174,13 @@ static const xccl_tp_upcalls_t *ctx_upcalls(xccl_ctx_t *ctx);
  * XCCL_SPIN_YIELD=0/1 overrides. */
 static int oversubscribed(const xccl_ctx_t *ctx)
 {
-    int64_t   forced = xccl_env_int("XCCL_SPIN_YIELD", -1);
-    cpu_set_t set;
-    int       ncpu, nlocal = 0;
+    int64_t forced = xccl_env_int("XCCL_SPIN_YIELD", -1);
+    int     nlocal = 0;
 
     if (forced >= 0) return forced != 0;
-    ncpu = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
     for (int r = 0; r < ctx->size; r++)
         nlocal += ctx->peers[r].host_id == ctx->peers[ctx->rank].host_id;
-    return nlocal > ncpu;
+    return nlocal > xccl_cpus_usable();
 }
 
 xccl_status_t xccl_ctx_create(const xccl_comm_config_t *cfg, xccl_ctx_t **out)

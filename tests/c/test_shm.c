@@ -185,6 +185,7 @@ static void run_job(const char *name, int nranks, int cma, void (*body)(int rank
         if (pids[r] == 0) {
             ctest_failures = ctest_checks = 0;
             setenv("XCCL_SHM_CMA", cma ? "1" : "0", 1);
+            setenv("XCCL_SHM_CMA_MIN", "65536", 1); /* not the default's none or ring size */
             body(r);
             atomic_fetch_add(&S->checks, ctest_checks);
             atomic_fetch_add(&S->failures, ctest_failures);
