@@ -429,9 +429,10 @@ def test_bad_arguments(world):
 
 
 def test_one_call_paths_leave_the_rest_to_the_general_one(world):
-    """The one-call paths of all_reduce, broadcast, send and recv (numpy arrays, tensors with a
-    DLPack exchange table; the default group) give the general path's results, leave any other
-    producer to it untouched (exported once, released once), and leave it the messages."""
+    """The one-call paths of all_reduce, broadcast, all_gather_into_tensor,
+    reduce_scatter_tensor, send and recv (numpy arrays, tensors with a DLPack exchange table;
+    the default group) give the general path's results, leave any other producer to it
+    untouched (exported once, released once), and leave it the messages."""
     from dlpack_producer import Producer
 
     a = np.arange(6, dtype=np.int64)
@@ -440,11 +441,33 @@ def test_one_call_paths_leave_the_rest_to_the_general_one(world):
     dist.all_reduce(a, op="sum")  # a spelling it does not take: the general path
     dist.broadcast(a, src=0)
     assert a.tolist() == list(range(6))
-    for call in (dist.all_reduce, lambda t: dist.broadcast(t, src=0)):
+    out = np.zeros(6, dtype=np.int64)
+    dist.all_gather_into_tensor(out, a)
+    assert out.tolist() == list(range(6))
+    out[:] = 0
+    dist.reduce_scatter_tensor(out, a, op=dist.ReduceOp.MIN)
+    assert out.tolist() == list(range(6))
+    # (the general all_gather/reduce_scatter paths export a producer once more, to count it)
+    for exports, call in (
+        (1, dist.all_reduce),
+        (1, lambda t: dist.broadcast(t, src=0)),
+        (2, lambda t: dist.all_gather_into_tensor(np.zeros(2, np.float32), t)),
+        (2, lambda t: dist.reduce_scatter_tensor(np.zeros(2, np.float32), t)),
+    ):
         p = Producer.of_values("f", [1.0, 2.0])
         call(p)
         gc.collect()
-        assert (p.exported, p.deleted, p.unconsumed) == (1, 1, 0)
+        assert (p.exported, p.deleted, p.unconsumed) == (exports, exports, 0)
+    with pytest.raises(ValueError, match="all_gather_into_tensor: output_tensor"):
+        dist.all_gather_into_tensor(np.zeros(5, np.int64), a)
+    with pytest.raises(ValueError, match="reduce_scatter_tensor: input"):
+        dist.reduce_scatter_tensor(np.zeros(5, np.int64), a)
+    with pytest.raises(ValueError, match="dtypes must match"):
+        dist.all_gather_into_tensor(np.zeros(6, np.float64), a)
+    ro = np.zeros(6, np.int64)
+    ro.setflags(write=False)
+    with pytest.raises(ValueError, match="read-only"):
+        dist.all_gather_into_tensor(ro, a)
     with pytest.raises(ValueError, match="destination rank should not be the same"):
         dist.send(a, dst=0)
     with pytest.raises(ValueError, match="source rank should not be the same"):

@@ -624,6 +624,59 @@ static PyObject *comm_broadcast_now(xccl_py_comm_t *self, PyObject *const *args,
     return one_buf_now(self, args, nargs, 1);
 }
 
+/* allgather_now(sendbuf, recvbuf, timeout) and reduce_scatter_now(sendbuf, recvbuf, op,
+ * timeout) (`rs`) -> True | None: two distinct buffers, checked as allgather and
+ * reduce_scatter check them (the general path also takes one buffer for both). */
+static PyObject *pair_now(xccl_py_comm_t *self, PyObject *const *args, Py_ssize_t nargs, int rs)
+{
+    const Py_ssize_t  want = rs ? 4 : 3;
+    call_t            c;
+    xccl_py_tensor_t *s, *r;
+    xccl_work_t      *w  = NULL;
+    long              op = 0;
+    int               bad;
+    xccl_status_t     st;
+
+    if (nargs != want) {
+        PyErr_Format(PyExc_TypeError, "%s takes %d arguments",
+                     rs ? "reduce_scatter_now(sendbuf, recvbuf, op, timeout)"
+                        : "allgather_now(sendbuf, recvbuf, timeout)",
+                     (int)want);
+        return NULL;
+    }
+    if (args[0] == args[1]) Py_RETURN_NONE;
+    if (rs && (op = PyLong_AsLong(args[2])) == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    if (call_begin(&c, self, rs ? "reduce_scatter" : "all_gather", NULL, 1.0, args[want - 1]) < 0)
+        return NULL;
+    s = take(&c, 0, args[0], XCCL_PY_BUF_NO_CAPSULE, "sendbuf");
+    r = s ? take(&c, 1, args[1], XCCL_PY_BUF_OUTPUT | XCCL_PY_BUF_NO_CAPSULE, "recvbuf") : NULL;
+    bad = r == NULL || same_dtype(&c, s, r) < 0 ||
+          (rs ? counts_match(&c, s->count, r->count, 1, self->size, "sendbuf = size * recvbuf") < 0 ||
+                    check_op(&c, (int)op, s->dtype) < 0
+              : counts_match(&c, s->count, r->count, self->size, 1, "recvbuf = size * sendbuf") < 0);
+    if (bad) return now_decline(&c);
+    if (ready(&c, self) < 0) return call_fail(&c);
+    st = rs ? xccl_reduce_scatter(c.comm, s->data, r->data, r->count, r->dtype, (xccl_op_t)op,
+                                  &c.opts, &w)
+            : xccl_allgather(c.comm, s->data, r->data, s->count, s->dtype, &c.opts, &w);
+    return now_wait(&c, st, w, 0);
+}
+
+static PyObject *comm_allgather_now(xccl_py_comm_t *self, PyObject *const *args,
+                                    Py_ssize_t nargs)
+{
+    return pair_now(self, args, nargs, 0);
+}
+
+static PyObject *comm_reduce_scatter_now(xccl_py_comm_t *self, PyObject *const *args,
+                                         Py_ssize_t nargs)
+{
+    return pair_now(self, args, nargs, 1);
+}
+
 /* send_now(buf, peer, tag) -> True | None, a send waited for until it completed, and
  * recv_now(buf, peer, tag) -> the sender's rank | None (`recv`). */
 static PyObject *p2p_now(xccl_py_comm_t *self, PyObject *const *args, Py_ssize_t nargs,
@@ -1008,6 +1061,12 @@ static PyMethodDef comm_methods[] = {
      "for; None (nothing done) where the general path must handle the call"},
     {"broadcast_now", NOW(comm_broadcast_now),
      "broadcast_now(buf, root, timeout) -> True | None: broadcast, posted and waited for"},
+    {"allgather_now", NOW(comm_allgather_now),
+     "allgather_now(sendbuf, recvbuf, timeout) -> True | None: all_gather of two buffers, "
+     "posted and waited for"},
+    {"reduce_scatter_now", NOW(comm_reduce_scatter_now),
+     "reduce_scatter_now(sendbuf, recvbuf, op, timeout) -> True | None: reduce_scatter of two "
+     "buffers, posted and waited for"},
     {"send_now", NOW(comm_send_now), "send_now(buf, peer, tag) -> True | None: blocking send"},
     {"recv_now", NOW(comm_recv_now),
      "recv_now(buf, peer, tag) -> source rank | None: blocking receive from `peer`"},

@@ -167,6 +167,14 @@ class Comm:
     def broadcast_now(self, buf: Any, root: int, timeout: Optional[float]) -> Optional[bool]:
         """Broadcast from `root`."""
         ...
+    def allgather_now(self, sendbuf: Any, recvbuf: Any,
+                      timeout: Optional[float]) -> Optional[bool]:
+        """all_gather into recvbuf (size x sendbuf's elements; not sendbuf itself)."""
+        ...
+    def reduce_scatter_now(self, sendbuf: Any, recvbuf: Any, op: int,
+                           timeout: Optional[float]) -> Optional[bool]:
+        """reduce_scatter of sendbuf (size x recvbuf's elements; not recvbuf itself)."""
+        ...
     def send_now(self, buf: Any, peer: int, tag: int) -> Optional[bool]:
         """Blocking send to `peer` (not this rank)."""
         ...

@@ -393,6 +393,11 @@ def all_gather_into_tensor(
 ) -> Optional[Work]:
     """Concatenates every rank's `input_tensor` in rank order into `output_tensor`, whose
     shape is either ``[size * d0, ...]`` or ``[size, d0, ...]``."""
+    if group is None and not async_op and algo is None:
+        pg = _current_world().default  # the common call in one C call (see all_reduce)
+        if pg is not None:
+            if pg.comm.allgather_now(input_tensor, output_tensor, pg._timeout_arg) is not None:
+                return None
     T.check_tensor(output_tensor, "output_tensor")
     T.check_tensor(input_tensor, "input_tensor")
     pg = _member(group, "all_gather_into_tensor")
@@ -426,6 +431,12 @@ def reduce_scatter_tensor(
 ) -> Optional[Work]:
     """Reduces `input` (``size`` blocks of ``output.numel()`` elements) across the group;
     rank r receives the reduction of block r in `output`."""
+    if group is None and not async_op and algo is None:
+        pg = _current_world().default  # the common call in one C call (see all_reduce)
+        plain = _PLAIN_OPS.get(id(op))
+        if plain is not None and pg is not None:
+            if pg.comm.reduce_scatter_now(input, output, plain[0], pg._timeout_arg) is not None:
+                return None
     T.check_tensor(output, "output")
     T.check_tensor(input, "input")
     pg = _member(group, "reduce_scatter_tensor")
