@@ -274,6 +274,10 @@ def _check_case(dist, rank, size, kind, dtype, count):
     want = np.concatenate([np.repeat(piece(i, rank, rows)[:, None], 3, 1) for i in R])
     same(out, want, kind, dtype, "all_to_all_single even")
     n += 1
+    if size > 1:  # as many elements as an even split needs, rows the group cannot split
+        odd = t_of(np.zeros((size + 1, size)))
+        with pytest.raises(ValueError, match="does not divide"):
+            dist.all_to_all_single(t_of(np.zeros((size + 1, size))), odd)
 
     def rows_of(src, dst):
         return (src + dst) % 3 + (1 if count else 0)

@@ -447,12 +447,17 @@ def test_one_call_paths_leave_the_rest_to_the_general_one(world):
     out[:] = 0
     dist.reduce_scatter_tensor(out, a, op=dist.ReduceOp.MIN)
     assert out.tolist() == list(range(6))
-    # (the general all_gather/reduce_scatter paths export a producer once more, to count it)
+    out[:] = 0
+    dist.all_to_all_single(out, a)
+    assert out.tolist() == list(range(6))
+    # (the general all_gather, reduce_scatter and all_to_all paths export a producer once more,
+    # to read its size)
     for exports, call in (
         (1, dist.all_reduce),
         (1, lambda t: dist.broadcast(t, src=0)),
         (2, lambda t: dist.all_gather_into_tensor(np.zeros(2, np.float32), t)),
         (2, lambda t: dist.reduce_scatter_tensor(np.zeros(2, np.float32), t)),
+        (2, lambda t: dist.all_to_all_single(np.zeros(2, np.float32), t)),
     ):
         p = Producer.of_values("f", [1.0, 2.0])
         call(p)
@@ -464,6 +469,10 @@ def test_one_call_paths_leave_the_rest_to_the_general_one(world):
         dist.reduce_scatter_tensor(np.zeros(5, np.int64), a)
     with pytest.raises(ValueError, match="dtypes must match"):
         dist.all_gather_into_tensor(np.zeros(6, np.float64), a)
+    with pytest.raises(ValueError, match="at least one dimension"):
+        dist.all_to_all_single(np.zeros((), np.int64), np.ones((), np.int64))
+    with pytest.raises(ValueError, match="all_to_all_single: output"):
+        dist.all_to_all_single(np.zeros(5, np.int64), a)
     ro = np.zeros(6, np.int64)
     ro.setflags(write=False)
     with pytest.raises(ValueError, match="read-only"):

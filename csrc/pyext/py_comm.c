@@ -624,11 +624,20 @@ static PyObject *comm_broadcast_now(xccl_py_comm_t *self, PyObject *const *args,
     return one_buf_now(self, args, nargs, 1);
 }
 
-/* allgather_now(sendbuf, recvbuf, timeout) and reduce_scatter_now(sendbuf, recvbuf, op,
- * timeout) (`rs`) -> True | None: two distinct buffers, checked as allgather and
- * reduce_scatter check them (the general path also takes one buffer for both). */
-static PyObject *pair_now(xccl_py_comm_t *self, PyObject *const *args, Py_ssize_t nargs, int rs)
+enum { NOW_ALLGATHER, NOW_REDUCE_SCATTER, NOW_ALLTOALL };
+static const char *const pair_now_name[] = {"all_gather", "reduce_scatter", "all_to_all"};
+static const char *const pair_now_sig[]  = {"allgather_now(sendbuf, recvbuf, timeout)",
+                                            "reduce_scatter_now(sendbuf, recvbuf, op, timeout)",
+                                            "alltoall_now(sendbuf, recvbuf, timeout)"};
+
+/* allgather_now(sendbuf, recvbuf, timeout), reduce_scatter_now(sendbuf, recvbuf, op, timeout)
+ * and alltoall_now(sendbuf, recvbuf, timeout) -> True | None: two distinct buffers, checked as
+ * the general methods check them (which also take one buffer for both); all_to_all's blocks
+ * are equal splits of sendbuf's first dimension, as torch's all_to_all_single makes them. */
+static PyObject *pair_now(xccl_py_comm_t *self, PyObject *const *args, Py_ssize_t nargs,
+                          int coll)
 {
+    const int         rs   = coll == NOW_REDUCE_SCATTER;
     const Py_ssize_t  want = rs ? 4 : 3;
     call_t            c;
     xccl_py_tensor_t *s, *r;
@@ -638,10 +647,7 @@ static PyObject *pair_now(xccl_py_comm_t *self, PyObject *const *args, Py_ssize_
     xccl_status_t     st;
 
     if (nargs != want) {
-        PyErr_Format(PyExc_TypeError, "%s takes %d arguments",
-                     rs ? "reduce_scatter_now(sendbuf, recvbuf, op, timeout)"
-                        : "allgather_now(sendbuf, recvbuf, timeout)",
-                     (int)want);
+        PyErr_Format(PyExc_TypeError, "%s takes %d arguments", pair_now_sig[coll], (int)want);
         return NULL;
     }
     if (args[0] == args[1]) Py_RETURN_NONE;
@@ -649,32 +655,45 @@ static PyObject *pair_now(xccl_py_comm_t *self, PyObject *const *args, Py_ssize_
         PyErr_Clear();
         Py_RETURN_NONE;
     }
-    if (call_begin(&c, self, rs ? "reduce_scatter" : "all_gather", NULL, 1.0, args[want - 1]) < 0)
-        return NULL;
+    if (call_begin(&c, self, pair_now_name[coll], NULL, 1.0, args[want - 1]) < 0) return NULL;
     s = take(&c, 0, args[0], XCCL_PY_BUF_NO_CAPSULE, "sendbuf");
     r = s ? take(&c, 1, args[1], XCCL_PY_BUF_OUTPUT | XCCL_PY_BUF_NO_CAPSULE, "recvbuf") : NULL;
-    bad = r == NULL || same_dtype(&c, s, r) < 0 ||
-          (rs ? counts_match(&c, s->count, r->count, 1, self->size, "sendbuf = size * recvbuf") < 0 ||
-                    check_op(&c, (int)op, s->dtype) < 0
-              : counts_match(&c, s->count, r->count, self->size, 1, "recvbuf = size * sendbuf") < 0);
+    bad = r == NULL || same_dtype(&c, s, r) < 0;
+    if (!bad && coll == NOW_ALLGATHER)
+        bad = counts_match(&c, s->count, r->count, self->size, 1, "recvbuf = size * sendbuf") < 0;
+    else if (!bad && rs)
+        bad = counts_match(&c, s->count, r->count, 1, self->size, "sendbuf = size * recvbuf") < 0 ||
+              check_op(&c, (int)op, s->dtype) < 0;
+    else if (!bad)
+        bad = s->count != r->count || s->rows < 0 || s->rows % self->size != 0;
     if (bad) return now_decline(&c);
     if (ready(&c, self) < 0) return call_fail(&c);
-    st = rs ? xccl_reduce_scatter(c.comm, s->data, r->data, r->count, r->dtype, (xccl_op_t)op,
-                                  &c.opts, &w)
-            : xccl_allgather(c.comm, s->data, r->data, s->count, s->dtype, &c.opts, &w);
+    if (coll == NOW_ALLGATHER)
+        st = xccl_allgather(c.comm, s->data, r->data, s->count, s->dtype, &c.opts, &w);
+    else if (rs)
+        st = xccl_reduce_scatter(c.comm, s->data, r->data, r->count, r->dtype, (xccl_op_t)op,
+                                 &c.opts, &w);
+    else
+        st = xccl_alltoall(c.comm, s->data, r->data, s->count / (size_t)self->size, s->dtype,
+                           &c.opts, &w);
     return now_wait(&c, st, w, 0);
 }
 
 static PyObject *comm_allgather_now(xccl_py_comm_t *self, PyObject *const *args,
                                     Py_ssize_t nargs)
 {
-    return pair_now(self, args, nargs, 0);
+    return pair_now(self, args, nargs, NOW_ALLGATHER);
 }
 
 static PyObject *comm_reduce_scatter_now(xccl_py_comm_t *self, PyObject *const *args,
                                          Py_ssize_t nargs)
 {
-    return pair_now(self, args, nargs, 1);
+    return pair_now(self, args, nargs, NOW_REDUCE_SCATTER);
+}
+
+static PyObject *comm_alltoall_now(xccl_py_comm_t *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    return pair_now(self, args, nargs, NOW_ALLTOALL);
 }
 
 /* send_now(buf, peer, tag) -> True | None, a send waited for until it completed, and
@@ -1067,6 +1086,9 @@ static PyMethodDef comm_methods[] = {
     {"reduce_scatter_now", NOW(comm_reduce_scatter_now),
      "reduce_scatter_now(sendbuf, recvbuf, op, timeout) -> True | None: reduce_scatter of two "
      "buffers, posted and waited for"},
+    {"alltoall_now", NOW(comm_alltoall_now),
+     "alltoall_now(sendbuf, recvbuf, timeout) -> True | None: all_to_all of equal splits of "
+     "sendbuf's first dimension, posted and waited for"},
     {"send_now", NOW(comm_send_now), "send_now(buf, peer, tag) -> True | None: blocking send"},
     {"recv_now", NOW(comm_recv_now),
      "recv_now(buf, peer, tag) -> source rank | None: blocking receive from `peer`"},

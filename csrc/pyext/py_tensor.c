@@ -313,6 +313,7 @@ static int take_buffer(PyObject *obj, int flags, xccl_py_tensor_t *t)
     }
     t->data        = t->view.len > 0 ? t->view.buf : NULL;
     t->count       = (size_t)(t->view.len / t->view.itemsize);
+    t->rows        = t->view.ndim > 0 ? (int64_t)t->view.shape[0] : -1;
     t->read_only   = t->view.readonly;
     t->device_type = kDLCPU;
     t->device_id   = 0;
@@ -505,6 +506,7 @@ int xccl_py_tensor_acquire(xccl_py_state_t *state, PyObject *obj, int flags,
     }
     t->data  = dl->data == NULL ? NULL : (char *)dl->data + dl->byte_offset;
     t->count = count;
+    t->rows  = dl->ndim > 0 ? dl->shape[0] : -1;
     t->dtype = dtype;
     return 0;
 fail:

@@ -93,6 +93,7 @@ typedef struct xccl_py_tensor {
     Py_buffer    view;      /* the buffer-protocol route's view (view.obj NULL: unused)     */
     void        *data;      /* first element (data + byte_offset)                          */
     size_t       count;     /* elements                                                    */
+    int64_t      rows;      /* extent of dimension 0; -1 for a 0-d tensor                   */
     xccl_dtype_t dtype;
     int          read_only;
     int32_t      device_type;

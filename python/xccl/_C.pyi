@@ -175,6 +175,10 @@ class Comm:
                            timeout: Optional[float]) -> Optional[bool]:
         """reduce_scatter of sendbuf (size x recvbuf's elements; not recvbuf itself)."""
         ...
+    def alltoall_now(self, sendbuf: Any, recvbuf: Any,
+                     timeout: Optional[float]) -> Optional[bool]:
+        """all_to_all of equal splits of sendbuf's first dimension (not recvbuf itself)."""
+        ...
     def send_now(self, buf: Any, peer: int, tag: int) -> Optional[bool]:
         """Blocking send to `peer` (not this rank)."""
         ...
