@@ -12,7 +12,7 @@ extern const xccl_algo_t xccl_algo_allreduce_ring, xccl_algo_allreduce_rd,
     xccl_algo_allreduce_rabenseifner, xccl_algo_allreduce_direct, xccl_algo_allreduce_owner,
     xccl_algo_allreduce_hier;
 extern const xccl_algo_t xccl_algo_broadcast_binomial, xccl_algo_broadcast_linear,
-    xccl_algo_broadcast_scatter_allgather, xccl_algo_broadcast_hier;
+    xccl_algo_broadcast_scatter_allgather, xccl_algo_broadcast_chain, xccl_algo_broadcast_hier;
 extern const xccl_algo_t xccl_algo_reduce_binomial, xccl_algo_reduce_linear;
 extern const xccl_algo_t xccl_algo_allgather_ring, xccl_algo_allgather_rd,
     xccl_algo_allgather_bruck, xccl_algo_allgather_direct;
@@ -30,7 +30,8 @@ static const xccl_algo_t *const allreduce_algos[] = {
     &xccl_algo_allreduce_direct, &xccl_algo_allreduce_owner, &xccl_algo_allreduce_hier, NULL};
 static const xccl_algo_t *const broadcast_algos[] = {
     &xccl_algo_broadcast_binomial, &xccl_algo_broadcast_linear,
-    &xccl_algo_broadcast_scatter_allgather, &xccl_algo_broadcast_hier, NULL};
+    &xccl_algo_broadcast_scatter_allgather, &xccl_algo_broadcast_chain, &xccl_algo_broadcast_hier,
+    NULL};
 static const xccl_algo_t *const reduce_algos[] = {&xccl_algo_reduce_binomial,
                                                   &xccl_algo_reduce_linear, NULL};
 static const xccl_algo_t *const allgather_algos[] = {

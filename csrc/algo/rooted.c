@@ -233,6 +233,68 @@ static xccl_status_t bcast_sag_progress(xccl_task_t *t)
     }
 }
 
+/* Broadcast, pipelined chain: virtual ranks 0 -> 1 -> ... -> n-1, the vector cut into C
+ * chunks of at most $XCCL_RING_CHUNK_BYTES (xccl_pat_ring_chunks_env; element boundaries by
+ * xccl_pat_block_off). Phase k (step k):
+ *
+ *   vr = 0            sends chunk k to vr 1                           (k < C)
+ *   0 < vr < n - 1    receives chunk k from vr - 1 (k < C) and forwards chunk k - 1 (k >= 1)
+ *   vr = n - 1        receives chunk k
+ *
+ * so after n - 2 phases of filling every link carries one chunk at a time. Every link moves
+ * the vector once (linear puts n - 1 copies on the root's, binomial log2 n, van de Geijn
+ * 2 (n-1)/n), which decides large vectors where every message costs CPU time at both ends
+ * (loopback TCP: np=4 on 2 vCPUs, 256 MiB). Cost: C + n - 2 steps of one chunk. */
+static int chain_chunks(size_t nbytes, size_t elsize)
+{
+    return xccl_pat_ring_chunks_env(nbytes, elsize, 1);
+}
+
+static void bcast_chain_cost(int size, size_t nbytes, xccl_cost_t *out)
+{
+    double c = (double)chain_chunks(nbytes, 1);
+
+    if (size < 2 || nbytes == 0) {
+        set_cost(out, 0, 0, 0);
+        return;
+    }
+    set_cost(out, c + size - 2, (double)nbytes * (c + size - 2) / c, 0);
+}
+
+static xccl_status_t bcast_chain_progress(xccl_task_t *t)
+{
+    const xccl_coll_args_t *a     = xccl_task_args(t);
+    int                     n     = xccl_task_size(t);
+    int                     vr    = xccl_pat_vrank(xccl_task_rank(t), a->root, n);
+    uint64_t               *state = xccl_task_state(t); /* [0] phase, [1] C */
+    size_t                  count = a->count, el = a->elsize;
+    char                   *buf   = a->rbuf;
+    xccl_status_t           st;
+
+    if (n == 1 || count == 0 || el == 0) return XCCL_OK;
+    if (state[1] == 0) state[1] = (uint64_t)chain_chunks(count * el, el);
+    for (;;) {
+        uint64_t k, c = state[1];
+        st = xccl_task_test(t);
+        if (st != XCCL_OK) return st;
+        k = state[0]++;
+        if (k > c || (vr == 0 && k == c)) return XCCL_OK;
+        if (vr > 0 && k < c) {
+            size_t lo = xccl_pat_block_off(count, (int)c, (int)k);
+            size_t hi = xccl_pat_block_off(count, (int)c, (int)k + 1);
+            XCCL_CHECK(xccl_pat_recv_nz(t, real(a, vr - 1, n), buf + lo * el, (hi - lo) * el,
+                                        (uint32_t)k));
+        }
+        if (vr < n - 1 && (vr == 0 || k >= 1)) {
+            uint64_t j  = vr == 0 ? k : k - 1;
+            size_t   lo = xccl_pat_block_off(count, (int)c, (int)j);
+            size_t   hi = xccl_pat_block_off(count, (int)c, (int)j + 1);
+            XCCL_CHECK(xccl_pat_send_nz(t, real(a, vr + 1, n), buf + lo * el, (hi - lo) * el,
+                                        (uint32_t)j));
+        }
+    }
+}
+
 /* =============================================================================================
  * REDUCE
  * ============================================================================================= */
@@ -624,6 +686,15 @@ const xccl_algo_t xccl_algo_broadcast_scatter_allgather = {
                 "2(n-1)/n of the vector per rank",
     .cost     = bcast_sag_cost,
     .progress = bcast_sag_progress,
+};
+
+const xccl_algo_t xccl_algo_broadcast_chain = {
+    .name     = "chain",
+    .coll     = XCCL_COLL_BROADCAST,
+    .summary  = "pipelined chain from the root: C chunks forwarded rank to rank, C + n-2 steps, "
+                "the vector once per link",
+    .cost     = bcast_chain_cost,
+    .progress = bcast_chain_progress,
 };
 
 const xccl_algo_t xccl_algo_reduce_binomial = {

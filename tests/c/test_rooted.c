@@ -18,7 +18,7 @@
 #include "sim.h"
 
 extern const xccl_algo_t xccl_algo_broadcast_binomial, xccl_algo_broadcast_linear,
-    xccl_algo_broadcast_scatter_allgather, xccl_algo_reduce_binomial, xccl_algo_reduce_linear,
+    xccl_algo_broadcast_scatter_allgather, xccl_algo_broadcast_chain, xccl_algo_reduce_binomial, xccl_algo_reduce_linear,
     xccl_algo_gather_binomial, xccl_algo_gather_linear, xccl_algo_scatter_binomial,
     xccl_algo_scatter_linear, xccl_algo_alltoall_pairwise, xccl_algo_alltoall_bruck,
     xccl_algo_alltoall_linear, xccl_algo_alltoallv_pairwise, xccl_algo_alltoallv_linear,
@@ -202,6 +202,16 @@ static void broadcast_traffic(const xccl_algo_t *algo, int n, int root, size_t c
     }
     if (n == 1 || count == 0) {
         CHECK_MSG(res->nmsgs == 0, "broadcast %s %s: %zu messages", algo->name, what, res->nmsgs);
+    } else if (algo == &xccl_algo_broadcast_chain) {
+        /* every rank but the last forwards the vector once, in C = (steps - n + 2) chunks */
+        size_t chunks = (size_t)(c.steps - n + 2), empty = chunks > count ? chunks - count : 0;
+        for (int r = 0; r < n; r++) {
+            int last = r == (root + n - 1) % n;
+            CHECK_MSG(sim_sent_bytes(res, r) == (last ? 0 : nbytes) &&
+                          sim_sent_msgs(res, r) == (last ? 0 : chunks - empty),
+                      "broadcast chain %s: rank %d sent %zu msgs %zu bytes (%zu chunks)", what,
+                      r, sim_sent_msgs(res, r), sim_sent_bytes(res, r), chunks);
+        }
     } else if (algo != &xccl_algo_broadcast_scatter_allgather) {
         /* trees and linear: n - 1 messages; the root sends `steps` whole vectors */
         CHECK_MSG(res->nmsgs == (size_t)n - 1 &&
@@ -681,13 +691,16 @@ static void test_costs(void)
     CHECK(c.steps == 10 && c.bytes == 2.0 * 7 / 8 * (1 << 20));
     xccl_algo_alltoall_bruck.cost(8, 1 << 20, &c);
     CHECK(c.steps == 3 && c.bytes == 12.0 / 8 * (1 << 20));
+    /* chain, default 512 KiB chunks: 2 chunks, 2 + 6 steps of 512 KiB */
+    xccl_algo_broadcast_chain.cost(8, 1 << 20, &c);
+    CHECK(c.steps == 8 && c.bytes == 8.0 * (1 << 19));
     xccl_algo_reduce_binomial.cost(5, 1000, &c);
     CHECK(c.steps == 3 && c.bytes == 3000 && c.reduce_bytes == 3000);
     xccl_algo_barrier_dissemination.cost(5, 0, &c);
     CHECK(c.steps == 3 && c.bytes == 0);
     /* one rank: nothing to do */
     const xccl_algo_t *all[] = {&xccl_algo_broadcast_binomial, &xccl_algo_broadcast_linear,
-                                &xccl_algo_broadcast_scatter_allgather,
+                                &xccl_algo_broadcast_scatter_allgather, &xccl_algo_broadcast_chain,
                                 &xccl_algo_reduce_binomial, &xccl_algo_reduce_linear,
                                 &xccl_algo_gather_binomial, &xccl_algo_gather_linear,
                                 &xccl_algo_scatter_binomial, &xccl_algo_scatter_linear,
@@ -719,7 +732,9 @@ int main(void)
 {
     static const xccl_algo_t *const bcast[] = {&xccl_algo_broadcast_binomial,
                                                &xccl_algo_broadcast_linear,
-                                               &xccl_algo_broadcast_scatter_allgather, NULL};
+                                               &xccl_algo_broadcast_scatter_allgather,
+                                               &xccl_algo_broadcast_chain, NULL};
+    static const xccl_algo_t *const chain[] = {&xccl_algo_broadcast_chain, NULL};
     static const xccl_algo_t *const reduce[] = {&xccl_algo_reduce_binomial,
                                                 &xccl_algo_reduce_linear, NULL};
     static const xccl_algo_t *const gather[] = {&xccl_algo_gather_binomial,
@@ -735,6 +750,10 @@ int main(void)
     test_patterns();
     test_costs();
     sweep(bcast, broadcast_case);
+    /* chain again with chunks of 1000 bytes: the larger counts become up to 525 chunks */
+    setenv("XCCL_RING_CHUNK_BYTES", "1000", 1);
+    sweep(chain, broadcast_case);
+    unsetenv("XCCL_RING_CHUNK_BYTES");
     sweep(reduce, reduce_case);
     reduce_long(reduce);
     sweep(gather, gather_scatter_case);
