@@ -1253,7 +1253,7 @@ static xccl_status_t shm_init(const xccl_tp_init_params_t *params, xccl_tp_ctx_t
     ctx->size    = params->size;
     ctx->job_id  = params->job_id;
     ctx->up      = params->up;
-    ctx->cma_env  = xccl_env_int("XCCL_SHM_CMA", 1) != 0;
+    ctx->cma_env = xccl_env_int("XCCL_SHM_CMA", 1) != 0;
     ctx->infos    = malloc((size_t)ctx->size * sizeof(*ctx->infos));
     ctx->peers    = calloc((size_t)ctx->size, sizeof(*ctx->peers));
     ctx->up_list  = calloc((size_t)ctx->size, sizeof(*ctx->up_list));
@@ -1380,21 +1380,21 @@ static xccl_status_t shm_get_addr(xccl_tp_ctx_t *ctx, void *addr, size_t *len)
 const xccl_transport_ops_t xccl_transport_shm = {
     .abi_version = XCCL_TRANSPORT_ABI_VERSION,
     .name        = "shm",
-    .caps =
-        XCCL_TP_CAP_HOST_MEM | XCCL_TP_CAP_INTRA_HOST | XCCL_TP_CAP_RECV_PULL | XCCL_TP_CAP_DEFER,
-    .priority = 20,
+    .caps        = XCCL_TP_CAP_HOST_MEM | XCCL_TP_CAP_INTRA_HOST | XCCL_TP_CAP_RECV_PULL |
+                   XCCL_TP_CAP_DEFER,
+    .priority    = 20,
     /* a slot through a ring (~1-2 us with the call around it); bulk data at memory speed (two
      * pipelined copies through a ring, or one CMA copy) */
-    .alpha      = 2e-6,
-    .beta       = 1.0 / 6e9,
-    .init       = shm_init,
-    .finalize   = shm_finalize,
-    .reachable  = shm_reachable,
-    .get_addr   = shm_get_addr,
-    .wireup     = shm_wireup,
-    .isend      = shm_isend,
-    .progress   = shm_progress,
-    .wait       = shm_wait,
-    .wake       = shm_wake,
-    .close_peer = shm_close_peer,
+    .alpha       = 2e-6,
+    .beta        = 1.0 / 6e9,
+    .init        = shm_init,
+    .finalize    = shm_finalize,
+    .reachable   = shm_reachable,
+    .get_addr    = shm_get_addr,
+    .wireup      = shm_wireup,
+    .isend       = shm_isend,
+    .progress    = shm_progress,
+    .wait        = shm_wait,
+    .wake        = shm_wake,
+    .close_peer  = shm_close_peer,
 };
