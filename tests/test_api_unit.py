@@ -431,8 +431,9 @@ def test_bad_arguments(world):
 def test_one_call_paths_leave_the_rest_to_the_general_one(world):
     """The one-call paths of all_reduce, broadcast, all_gather_into_tensor,
     reduce_scatter_tensor, all_to_all_single, send and recv (numpy arrays, tensors with a DLPack
-    exchange table; the default group) give the general path's results, leave any other producer to it
-    untouched (exported once, released once), and leave it the messages."""
+    exchange table; the default group) give the general path's results, leave any other
+    producer to it untouched (exported as often as the general path does, released as often),
+    and leave it the messages."""
     from dlpack_producer import Producer
 
     a = np.arange(6, dtype=np.int64)
