@@ -504,3 +504,39 @@ def test_entry_points(job):
     proc, infos = job("--nproc-per-node", "2", cmd=[exe])
     assert proc.returncode == 0, proc.stderr
     assert sorted(infos) == [0, 1]
+
+
+CLEAN_END_SCRIPT = """
+import numpy as np
+import xccl
+
+xccl.init_process_group(backend="xccl")
+x = np.ones(4, np.float32)
+xccl.all_reduce(x)
+assert x[0] == xccl.get_world_size()
+xccl.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_clean_end_logs_no_warning(tmp_path, transport):
+    """Ranks that finish and leave in any order are a normal end of job: with XCCL_DEBUG=WARN
+    nothing is logged (a peer leaving warns only while an operation is in flight)."""
+    script = tmp_path / "clean_end.py"
+    script.write_text(CLEAN_END_SCRIPT)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(CLEAN_ENV_PREFIXES) and k not in CLEAN_ENV_NAMES
+    }
+    env.update(XCCL_DEBUG="WARN", XCCL_TRANSPORTS=transport)
+    proc = subprocess.run(
+        [*LAUNCHER, "--nproc-per-node", "3", str(script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "WARN" not in proc.stderr, proc.stderr

@@ -278,12 +278,16 @@ static void tcp_fail_peer(xccl_tp_ctx_t *ctx, int peer, xccl_status_t st, const 
 {
     tcp_peer_t *p = &ctx->peers[peer];
     tcp_send_t *q;
+    int         busy;
 
     if (p->state == TCP_P_DEAD) return;
+    /* a connection closed between messages with nothing queued is a peer that finished */
+    busy = p->sq_head != NULL || p->rstate != TCP_R_HDR || p->roff != p->rlen;
     tcp_close(ctx, &p->fd);
     p->state = TCP_P_DEAD;
     snprintf(p->why, sizeof(p->why), "%s", why);
-    XCCL_WARN("tcp: rank %d: %s", ctx->rank, why);
+    if (busy) XCCL_WARN("tcp: rank %d: %s", ctx->rank, why);
+    else XCCL_INFO("tcp: rank %d: %s", ctx->rank, why);
     if (p->broken_err) {
         p->broken_err = 0;
         ctx->nbroken--;

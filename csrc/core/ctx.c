@@ -669,22 +669,24 @@ static void up_peer_failed(void *core, int peer, xccl_status_t st, const char *w
     xccl_ctx_t *ctx = core;
     xccl_req_t *r, *next;
     char        msg[512];
+    int         failed = 0;
 
     if (ctx->peer_dead[peer] == NULL) ctx->peer_dead[peer] = strdup(why ? why : "failed");
     snprintf(msg, sizeof(msg), "rank %d (world) failed: %s", peer, why ? why : "failed");
-    XCCL_WARN("%s", msg);
     for (r = ctx->posted_head; r != NULL; r = next) {
         next = r->next;
         if (r->peer != peer) continue;
         posted_unlink(ctx, r);
         xccl_error_set(st, "%s", msg);
         req_complete(ctx, r, st);
+        failed++;
     }
     /* unexpected messages still arriving from the peer will never complete */
     for (xccl_umsg_t *u = ctx->unexp_head; u != NULL; u = u->next) {
         if (u->src == peer && !u->done) {
             u->done   = 1;
             u->status = st;
+            failed++;
             if (u->waiter != NULL) {
                 xccl_error_set(st, "%s", msg);
                 umsg_deliver(ctx, u, u->waiter);
@@ -692,6 +694,11 @@ static void up_peer_failed(void *core, int peer, xccl_status_t st, const char *w
             }
         }
     }
+    /* A peer that leaves with nothing of ours waiting on it is how a job ends (ranks finalize
+     * in any order): not a warning. Sends still queued to it fail through send_done, and a
+     * later operation that needs it fails with this reason. */
+    if (failed > 0) XCCL_WARN("%s (%d pending receive(s) failed)", msg, failed);
+    else XCCL_INFO("%s", msg);
 }
 
 static const xccl_tp_upcalls_t *ctx_upcalls(xccl_ctx_t *ctx)
