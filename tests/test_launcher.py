@@ -521,7 +521,7 @@ xccl.destroy_process_group()
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_clean_end_logs_no_warning(tmp_path, transport):
     """Ranks that finish and leave in any order are a normal end of job: with XCCL_DEBUG=WARN
-    nothing is logged (a peer leaving warns only while an operation is in flight)."""
+    nothing is logged (a peer that leaves warns only when something pending on it fails)."""
     script = tmp_path / "clean_end.py"
     script.write_text(CLEAN_END_SCRIPT)
     env = {
