@@ -21,9 +21,8 @@ extern const xccl_algo_t xccl_algo_broadcast_binomial, xccl_algo_broadcast_linea
     xccl_algo_broadcast_scatter_allgather, xccl_algo_broadcast_chain, xccl_algo_reduce_binomial,
     xccl_algo_reduce_linear, xccl_algo_gather_binomial, xccl_algo_gather_linear,
     xccl_algo_scatter_binomial, xccl_algo_scatter_linear, xccl_algo_alltoall_pairwise,
-    xccl_algo_alltoall_bruck,
-    xccl_algo_alltoall_linear, xccl_algo_alltoallv_pairwise, xccl_algo_alltoallv_linear,
-    xccl_algo_barrier_dissemination, xccl_algo_barrier_linear;
+    xccl_algo_alltoall_bruck, xccl_algo_alltoall_linear, xccl_algo_alltoallv_pairwise,
+    xccl_algo_alltoallv_linear, xccl_algo_barrier_dissemination, xccl_algo_barrier_linear;
 
 #define MAXN  16
 #define GUARD 16 /* bytes after every buffer that must stay untouched */
