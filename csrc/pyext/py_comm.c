@@ -530,6 +530,31 @@ static PyObject *comm_allreduce(xccl_py_comm_t *self, PyObject *args, PyObject *
     return call_end(&c, st, w);
 }
 
+/* The collectives of two buffers whose shapes relate by the group size. */
+enum { PAIR_ALLGATHER, PAIR_REDUCE_SCATTER, PAIR_ALLTOALL };
+
+/* The argument checks of all_gather, reduce_scatter (with its operator `op`) and all_to_all on
+ * `n` ranks, shared by the general methods and the one-call paths: -1 with the exception set. */
+static int pair_checks(call_t *c, int coll, int n, const xccl_py_tensor_t *s,
+                       const xccl_py_tensor_t *r, int op)
+{
+    if (same_dtype(c, s, r) < 0) return -1;
+    switch (coll) {
+    case PAIR_ALLGATHER:
+        return counts_match(c, s->count, r->count, n, 1, "recvbuf = size * sendbuf");
+    case PAIR_REDUCE_SCATTER:
+        if (counts_match(c, s->count, r->count, 1, n, "sendbuf = size * recvbuf") < 0) return -1;
+        return check_op(c, op, s->dtype);
+    default:
+        if (counts_match(c, s->count, r->count, 1, 1, "the same count") < 0) return -1;
+        if (s->count % (size_t)n == 0) return 0;
+        xccl_py_raise_fmt(c->state, XCCL_ERR_INVALID_ARG,
+                          "all_to_all: %zu elements do not split into %d equal blocks", s->count,
+                          n);
+        return -1;
+    }
+}
+
 /* ---------------------------------------------------------------------------------------------
  * One-call paths: an operation posted and waited for in one call, for the torch-style layer's
  * common cases (default group, blocking, a numpy array or a tensor with a DLPack exchange
@@ -624,7 +649,6 @@ static PyObject *comm_broadcast_now(xccl_py_comm_t *self, PyObject *const *args,
     return one_buf_now(self, args, nargs, 1);
 }
 
-enum { NOW_ALLGATHER, NOW_REDUCE_SCATTER, NOW_ALLTOALL };
 static const char *const pair_now_name[] = {"all_gather", "reduce_scatter", "all_to_all"};
 static const char *const pair_now_sig[]  = {"allgather_now(sendbuf, recvbuf, timeout)",
                                             "reduce_scatter_now(sendbuf, recvbuf, op, timeout)",
@@ -637,13 +661,12 @@ static const char *const pair_now_sig[]  = {"allgather_now(sendbuf, recvbuf, tim
 static PyObject *pair_now(xccl_py_comm_t *self, PyObject *const *args, Py_ssize_t nargs,
                           int coll)
 {
-    const int         rs   = coll == NOW_REDUCE_SCATTER;
+    const int         rs   = coll == PAIR_REDUCE_SCATTER;
     const Py_ssize_t  want = rs ? 4 : 3;
     call_t            c;
     xccl_py_tensor_t *s, *r;
     xccl_work_t      *w  = NULL;
     long              op = 0;
-    int               bad;
     xccl_status_t     st;
 
     if (nargs != want) {
@@ -658,17 +681,11 @@ static PyObject *pair_now(xccl_py_comm_t *self, PyObject *const *args, Py_ssize_
     if (call_begin(&c, self, pair_now_name[coll], NULL, 1.0, args[want - 1]) < 0) return NULL;
     s = take(&c, 0, args[0], XCCL_PY_BUF_NO_CAPSULE, "sendbuf");
     r = s ? take(&c, 1, args[1], XCCL_PY_BUF_OUTPUT | XCCL_PY_BUF_NO_CAPSULE, "recvbuf") : NULL;
-    bad = r == NULL || same_dtype(&c, s, r) < 0;
-    if (!bad && coll == NOW_ALLGATHER)
-        bad = counts_match(&c, s->count, r->count, self->size, 1, "recvbuf = size * sendbuf") < 0;
-    else if (!bad && rs)
-        bad = counts_match(&c, s->count, r->count, 1, self->size, "sendbuf = size * recvbuf") < 0 ||
-              check_op(&c, (int)op, s->dtype) < 0;
-    else if (!bad)
-        bad = s->count != r->count || s->rows < 0 || s->rows % self->size != 0;
-    if (bad) return now_decline(&c);
+    if (r == NULL || pair_checks(&c, coll, self->size, s, r, (int)op) < 0 ||
+        (coll == PAIR_ALLTOALL && (s->rows < 0 || s->rows % self->size != 0)))
+        return now_decline(&c);
     if (ready(&c, self) < 0) return call_fail(&c);
-    if (coll == NOW_ALLGATHER)
+    if (coll == PAIR_ALLGATHER)
         st = xccl_allgather(c.comm, s->data, r->data, s->count, s->dtype, &c.opts, &w);
     else if (rs)
         st = xccl_reduce_scatter(c.comm, s->data, r->data, r->count, r->dtype, (xccl_op_t)op,
@@ -679,21 +696,20 @@ static PyObject *pair_now(xccl_py_comm_t *self, PyObject *const *args, Py_ssize_
     return now_wait(&c, st, w, 0);
 }
 
-static PyObject *comm_allgather_now(xccl_py_comm_t *self, PyObject *const *args,
-                                    Py_ssize_t nargs)
+static PyObject *comm_allgather_now(xccl_py_comm_t *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    return pair_now(self, args, nargs, NOW_ALLGATHER);
+    return pair_now(self, args, nargs, PAIR_ALLGATHER);
 }
 
 static PyObject *comm_reduce_scatter_now(xccl_py_comm_t *self, PyObject *const *args,
                                          Py_ssize_t nargs)
 {
-    return pair_now(self, args, nargs, NOW_REDUCE_SCATTER);
+    return pair_now(self, args, nargs, PAIR_REDUCE_SCATTER);
 }
 
 static PyObject *comm_alltoall_now(xccl_py_comm_t *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    return pair_now(self, args, nargs, NOW_ALLTOALL);
+    return pair_now(self, args, nargs, PAIR_ALLTOALL);
 }
 
 /* send_now(buf, peer, tag) -> True | None, a send waited for until it completed, and
@@ -813,10 +829,9 @@ static PyObject *comm_allgather(xccl_py_comm_t *self, PyObject *args, PyObject *
         return NULL;
     }
     if (call_begin(&c, self, "all_gather", algo, 1.0, timeout) < 0) return NULL;
-    if (take_pair(&c, sobj, robj, &s, &r) < 0 || same_dtype(&c, s, r) < 0 ||
-        counts_match(&c, s->count, r->count, self->size, 1, "recvbuf = size * sendbuf") < 0) {
+    if (take_pair(&c, sobj, robj, &s, &r) < 0 ||
+        pair_checks(&c, PAIR_ALLGATHER, self->size, s, r, 0) < 0)
         return call_fail(&c);
-    }
     if (ready(&c, self) < 0) return call_fail(&c);
     st = xccl_allgather(c.comm, s->data, r->data, s->count, s->dtype, &c.opts, &w);
     return call_end(&c, st, w);
@@ -910,14 +925,12 @@ static PyObject *comm_reduce_scatter(xccl_py_comm_t *self, PyObject *args, PyObj
         return NULL;
     }
     if (call_begin(&c, self, "reduce_scatter", algo, premul, timeout) < 0) return NULL;
-    if (take_pair(&c, sobj, robj, &s, &r) < 0 || same_dtype(&c, s, r) < 0 ||
-        counts_match(&c, s->count, r->count, 1, self->size, "sendbuf = size * recvbuf") < 0 ||
-        check_op(&c, op, s->dtype) < 0) {
+    if (take_pair(&c, sobj, robj, &s, &r) < 0 ||
+        pair_checks(&c, PAIR_REDUCE_SCATTER, self->size, s, r, op) < 0)
         return call_fail(&c);
-    }
     if (ready(&c, self) < 0) return call_fail(&c);
-    st = xccl_reduce_scatter(c.comm, s->data, r->data, r->count, r->dtype, (xccl_op_t)op,
-                             &c.opts, &w);
+    st = xccl_reduce_scatter(c.comm, s->data, r->data, r->count, r->dtype, (xccl_op_t)op, &c.opts,
+                             &w);
     return call_end(&c, st, w);
 }
 
@@ -936,16 +949,9 @@ static PyObject *comm_alltoall(xccl_py_comm_t *self, PyObject *args, PyObject *k
         return NULL;
     }
     if (call_begin(&c, self, "all_to_all", algo, 1.0, timeout) < 0) return NULL;
-    if (take_pair(&c, sobj, robj, &s, &r) < 0 || same_dtype(&c, s, r) < 0 ||
-        counts_match(&c, s->count, r->count, 1, 1, "the same count") < 0) {
+    if (take_pair(&c, sobj, robj, &s, &r) < 0 ||
+        pair_checks(&c, PAIR_ALLTOALL, self->size, s, r, 0) < 0)
         return call_fail(&c);
-    }
-    if (s->count % (size_t)self->size != 0) {
-        xccl_py_raise_fmt(c.state, XCCL_ERR_INVALID_ARG,
-                          "all_to_all: %zu elements do not split into %d equal blocks", s->count,
-                          self->size);
-        return call_fail(&c);
-    }
     if (ready(&c, self) < 0) return call_fail(&c);
     st = xccl_alltoall(c.comm, s->data, r->data, s->count / (size_t)self->size, s->dtype, &c.opts,
                        &w);
