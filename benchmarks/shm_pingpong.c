@@ -286,6 +286,8 @@ static int run(int level, int conf)
             memset(sbuf, 1, maxn + 1); /* touch every page before timing */
             memset(rbuf, 2, maxn + 1);
             setenv("XCCL_SHM_CMA", conf == 0 ? "1" : "0", 1);
+            /* from 64 KiB: by default CMA is used only where ranks outnumber CPUs */
+            setenv("XCCL_SHM_CMA_MIN", "65536", 1);
             rc = level == 0 ? tp_rank(r, conf, sbuf) : api_rank(r, conf, sbuf, rbuf);
             _exit(rc == 0 ? 0 : 1);
         }
