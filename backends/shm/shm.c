@@ -1219,14 +1219,14 @@ static uint64_t shm_ring_size(int nlocal)
 }
 
 /* Smallest message pulled with CMA (see the top of the file): XCCL_SHM_CMA_MIN, else the ring
- * size when this rank and its `nlocal` local peers outnumber our CPUs, else none. Only the
+ * size where the core found CPUs scarce (more local ranks than CPUs), else none. Only the
  * sender reads it (the slot says which path a message takes), so ranks need not agree. */
-static uint64_t shm_cma_min(int nlocal, uint64_t ring_bytes)
+static uint64_t shm_cma_min(int cpus_scarce, uint64_t ring_bytes)
 {
     int64_t v = xccl_env_int("XCCL_SHM_CMA_MIN", -1);
 
     if (v >= 0) return v <= SHM_INLINE_MAX ? SHM_INLINE_MAX + 1 : (uint64_t)v;
-    return nlocal + 1 > xccl_cpus_usable() ? ring_bytes : UINT64_MAX;
+    return cpus_scarce ? ring_bytes : UINT64_MAX;
 }
 
 static xccl_status_t shm_init(const xccl_tp_init_params_t *params, xccl_tp_ctx_t **out)
@@ -1272,7 +1272,7 @@ static xccl_status_t shm_init(const xccl_tp_init_params_t *params, xccl_tp_ctx_t
         ctx->probe = xccl_now_ns() ^ ((uint64_t)getpid() << 32) ^ (uintptr_t)ctx;
 
     ctx->ring_bytes = shm_ring_size(nlocal);
-    ctx->cma_min    = shm_cma_min(nlocal, ctx->ring_bytes);
+    ctx->cma_min    = shm_cma_min(params->cpus_scarce, ctx->ring_bytes);
     ctx->hdr_bytes  = shm_hdr_bytes(ctx->size);
     ctx->seg_bytes  = ctx->hdr_bytes + (uint64_t)nlocal * (SHM_CTL_BYTES + ctx->ring_bytes);
     shm_sweep_orphans(ctx->rank);

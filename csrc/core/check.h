@@ -83,7 +83,4 @@ int64_t  xccl_now_ms(void);
 /* Integer environment knob: $name parsed as int64, or `def` when unset/invalid. */
 int64_t xccl_env_int(const char *name, int64_t def);
 
-/* CPUs this process may run on (its affinity mask; 1 if that cannot be read). */
-int xccl_cpus_usable(void);
-
 #endif /* XCCL_CORE_CHECK_H */

@@ -16,6 +16,7 @@
  */
 #include "core/core.h"
 
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -168,26 +169,25 @@ static void ctx_free(xccl_ctx_t *ctx)
 
 static const xccl_tp_upcalls_t *ctx_upcalls(xccl_ctx_t *ctx);
 
-/* More ranks of this job on this host than CPUs this process may run on: a waiter then yields
- * the CPU between polls (the rank it waits for may need it); otherwise it polls flat out, as
- * a sched_yield per poll costs a system call (~0.3 us in a VM) that delays noticing a message.
- * XCCL_SPIN_YIELD=0/1 overrides. */
-static int oversubscribed(const xccl_ctx_t *ctx)
+/* More ranks of this job on this host than CPUs this process may run on (its affinity mask).
+ * Then a waiter yields the CPU between polls (the rank it waits for may need it; otherwise it
+ * polls flat out, as a sched_yield per poll costs a system call, ~0.3 us in a VM, that delays
+ * noticing a message; XCCL_SPIN_YIELD=0/1 overrides), and the transports learn it at init. */
+static int cpus_scarce(const xccl_ctx_t *ctx)
 {
-    int64_t forced = xccl_env_int("XCCL_SPIN_YIELD", -1);
-    int     nlocal = 0;
+    cpu_set_t set;
+    int       nlocal = 0;
 
-    if (forced >= 0) return forced != 0;
     for (int r = 0; r < ctx->size; r++)
         nlocal += ctx->peers[r].host_id == ctx->peers[ctx->rank].host_id;
-    return nlocal > xccl_cpus_usable();
+    return nlocal > (sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1);
 }
 
 xccl_status_t xccl_ctx_create(const xccl_comm_config_t *cfg, xccl_ctx_t **out)
 {
     xccl_ctx_t                 *ctx = calloc(1, sizeof(*ctx));
     const xccl_transport_ops_t *cand[XCCL_MAX_TRANSPORTS];
-    int                         ncand;
+    int                         ncand, scarce;
     int64_t                     gen_v;
     char                        prefix[64], key[96];
     void                       *val   = NULL;
@@ -271,7 +271,8 @@ xccl_status_t xccl_ctx_create(const xccl_comm_config_t *cfg, xccl_ctx_t **out)
         val = NULL;
     }
 
-    ctx->spin_yield = oversubscribed(ctx);
+    scarce          = cpus_scarce(ctx);
+    ctx->spin_yield = xccl_env_int("XCCL_SPIN_YIELD", scarce) != 0;
 
     /* 3. transports */
     ncand = select_transports(spec, cand);
@@ -284,6 +285,7 @@ xccl_status_t xccl_ctx_create(const xccl_comm_config_t *cfg, xccl_ctx_t **out)
         xccl_tp_init_params_t p = {
             .rank = cfg->rank, .size = cfg->size, .job_id = ctx->job_id, .peers = ctx->peers,
             .auth_key = key_p, .auth_key_len = key_p ? key_l : 0, .up = ctx_upcalls(ctx),
+            .cpus_scarce = scarce,
         };
         size_t off;
         rec = calloc(1, 4 + (size_t)XCCL_MAX_TRANSPORTS * (20 + XCCL_TP_ADDR_MAX));

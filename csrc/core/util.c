@@ -1,7 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0
  *
- * util.c - status strings, the thread-local last-error buffer, logging, clocks, env knobs, the
- *          CPU count.
+ * util.c - status strings, the thread-local last-error buffer, logging, clocks, env knobs.
  */
 #include "core/check.h"
 
@@ -13,7 +12,6 @@
 #include <time.h>
 #include <unistd.h>
 #include <pthread.h>
-#include <sched.h>
 
 #define XCCL_ERRBUF_LEN 2048
 
@@ -69,13 +67,6 @@ int64_t xccl_env_int(const char *name, int64_t def)
     x     = strtoll(v, &end, 0);
     if (errno != 0 || *end != '\0') return def;
     return (int64_t)x;
-}
-
-int xccl_cpus_usable(void)
-{
-    cpu_set_t set;
-
-    return sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
 }
 
 static pthread_once_t   log_once = PTHREAD_ONCE_INIT;

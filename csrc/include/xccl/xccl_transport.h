@@ -100,6 +100,9 @@ typedef struct xccl_tp_init_params {
     const void              *auth_key; /* NULL: no authentication                          */
     size_t                   auth_key_len;
     const xccl_tp_upcalls_t *up;
+    /* this host runs more ranks of the job than this process has CPUs (the core counts them
+     * from `peers` and its affinity mask): a transport may trade copies for CPU time */
+    int                      cpus_scarce;
 } xccl_tp_init_params_t;
 
 typedef struct xccl_tp_ctx xccl_tp_ctx_t; /* transport-private per-context state */
