@@ -10,8 +10,10 @@ same table with the same correctness check, and writes the same JSON, so that
 (``pip install -r benchmarks/requirements.txt``; Debian/Ubuntu: ``apt-get install
 openmpi-bin libopenmpi-dev``).
 
-Buffers are numpy arrays handed to mpi4py's buffer methods (``Allreduce``, ``Allgather``,
-``Reduce_scatter_block``, ``Bcast``, ``Reduce``, ``Alltoall``, ``Sendrecv``, ``Send``/``Recv``);
+Buffers are numpy arrays, or with ``--tensor torch`` torch tensors handed over as numpy views
+(memory from the allocator xccl and gloo get in a comparison), given to mpi4py's buffer
+methods (``Allreduce``, ``Allgather``, ``Reduce_scatter_block``, ``Bcast``, ``Reduce``,
+``Alltoall``, ``Sendrecv``, ``Send``/``Recv``);
 in-place forms use ``MPI.IN_PLACE`` where MPI has one that matches nccl-tests' layout.
 Open MPI picks its transport by MCA parameters: ``--mca btl self,vader`` (shared memory;
 ``self,sm`` in Open MPI 5) or ``--mca btl self,tcp``, with ``--mca pml ob1`` so that the btl
@@ -37,18 +39,18 @@ PROG = "mpi_bench.py"
 
 
 class MpiRunner(bench.Runner):
-    """MPI_COMM_WORLD through mpi4py, with numpy buffers."""
+    """MPI_COMM_WORLD through mpi4py, on numpy arrays or on torch tensors' memory."""
 
     name = "mpi"
 
-    def __init__(self) -> None:
+    def __init__(self, kind: str = "numpy") -> None:
         from mpi4py import MPI
 
         self.MPI = MPI
         self.comm = MPI.COMM_WORLD
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
-        self.arrays = bench.Arrays("numpy")
+        self.arrays = bench.Arrays(kind)
 
     def _redop(self, redop: str) -> Any:
         MPI = self.MPI
@@ -60,6 +62,8 @@ class MpiRunner(bench.Runner):
         self, op: str, sbuf: Any, rbuf: Any, root: int, redop: str, inplace: bool
     ) -> Optional[Callable[[], None]]:
         c, IN_PLACE = self.comm, self.MPI.IN_PLACE
+        if self.arrays.kind == "torch":  # mpi4py reads the tensors' memory through numpy views
+            sbuf, rbuf = sbuf.numpy(), rbuf.numpy()
         if op == "all_reduce":
             rop = self._redop(redop)
             if inplace:
@@ -132,7 +136,7 @@ class MpiRunner(bench.Runner):
         btl = os.environ.get("OMPI_MCA_btl")
         pml = os.environ.get("OMPI_MCA_pml")
         info: dict[str, Any] = {"version": f"{version}, mpi4py {mpi4py.__version__}"}
-        info["tensor"] = "numpy"
+        info["tensor"] = self.arrays.kind
         info["transports"] = [btl] if btl else ["default"]
         if pml:
             info["pml"] = pml
@@ -154,11 +158,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         opts = bench.options_from_args(args, " ".join([PROG, *argv]), PROG)
         if opts.dtype.name in ("bfloat16", "float16"):
             raise ValueError(f"{opts.dtype.name}: MPI has no such type")
-        if args.tensor == "torch":
-            raise ValueError("--tensor torch: the MPI side uses numpy buffers")
+        kind = "torch" if args.tensor == "torch" else "numpy"
     except ValueError as e:
         parser.error(str(e))
-    runner = MpiRunner()
+    runner = MpiRunner(kind)
     try:
         status = bench.run_benchmarks(runner, opts)  # rank 0 prints, the others are silent
     except BaseException:
