@@ -332,6 +332,82 @@ def body_algos(rank, size):
     return True
 
 
+def body_late_peer(rank, size):
+    """Rank 0 waits in the one-call paths (all_reduce, recv, numpy and torch buffers) for rank
+    1, which comes 0.3 s late: longer than the first wait slice, so the wait moves into a
+    Work object. Results must be right, and a thread of rank 0 must run meanwhile (the wait
+    holds the GIL only briefly). Then a wait interrupted by KeyboardInterrupt: the operation
+    goes on without the caller and still fills the buffer when the peer arrives."""
+    import signal
+    import threading
+    import time
+
+    import xccl as dist
+
+    ticks, stop = [0], threading.Event()
+
+    def count():
+        while not stop.is_set():
+            ticks[0] += 1
+
+    counter = threading.Thread(target=count)
+    counter.start()
+    try:
+        ran = []
+        for kind in KINDS:
+            x = mk(kind, "int64", np.arange(4) + 10 * rank)
+            if rank == 1:
+                time.sleep(0.3)
+            before = ticks[0]
+            dist.all_reduce(x)
+            ran.append(ticks[0] - before)
+            assert as_np(x).tolist() == [10, 12, 14, 16], as_np(x)
+            y = mk(kind, "float32", np.full(3, 7.5 if rank == 1 else 0.0))
+            if rank == 1:
+                time.sleep(0.3)
+                dist.send(y, 0)
+            else:
+                before = ticks[0]
+                assert dist.recv(y, 1) == 1
+                ran.append(ticks[0] - before)
+                assert as_np(y).tolist() == [7.5] * 3
+    finally:
+        stop.set()
+        counter.join()
+    if rank == 0:  # the other thread counted while rank 0 waited (~0.3 s each time)
+        assert min(ran) > 1000, ran
+
+    z = np.full(5, rank + 1, np.int64)
+    if rank == 0:
+
+        def interrupt(signum, frame):
+            raise KeyboardInterrupt
+
+        old = signal.signal(signal.SIGALRM, interrupt)
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        try:
+            dist.all_reduce(z)
+            raise AssertionError("the all_reduce was not interrupted")
+        except KeyboardInterrupt:
+            pass
+        finally:
+            signal.signal(signal.SIGALRM, old)
+        assert z.tolist() == [1] * 5  # rank 1 has not joined yet
+    else:
+        time.sleep(1.0)
+        dist.all_reduce(z)
+    dist.barrier()
+    deadline = time.monotonic() + 10
+    while z.tolist() != [3] * 5 and time.monotonic() < deadline:
+        time.sleep(0.01)  # rank 0's orphaned operation completes in the background
+    assert z.tolist() == [3] * 5, z
+    return True
+
+
+def test_one_call_waits_for_a_late_peer():
+    assert run_spmd(body_late_peer, 2, timeout=60) == [True] * 2
+
+
 def body_grad_and_futures(rank, size):
     """Tensors that require grad, torch future chaining (DDP comm-hook style), many
     outstanding async operations completed out of order."""

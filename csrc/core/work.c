@@ -317,6 +317,11 @@ xccl_status_t xccl_work_test(xccl_work_t *w)
 
 xccl_status_t xccl_work_wait(xccl_work_t *w, int64_t slice_ms)
 {
+    return xccl_work_wait_us(w, slice_ms < 0 ? -1 : slice_ms * 1000);
+}
+
+xccl_status_t xccl_work_wait_us(xccl_work_t *w, int64_t slice_us)
+{
     xccl_status_t st = atomic_load(&w->status);
     xccl_ctx_t   *ctx;
     uint64_t      t0, now, spin_end, slice_end;
@@ -327,7 +332,7 @@ xccl_status_t xccl_work_wait(xccl_work_t *w, int64_t slice_ms)
     ctx       = w->comm->ctx;
     t0        = xccl_now_ns();
     spin_end  = t0 + (uint64_t)ctx->spin_ns;
-    slice_end = slice_ms < 0 ? UINT64_MAX : t0 + (uint64_t)slice_ms * 1000000u;
+    slice_end = slice_us < 0 ? UINT64_MAX : t0 + (uint64_t)slice_us * 1000u;
     pthread_mutex_lock(&ctx->lock);
     ctx->nwaiters++;
     for (;;) {

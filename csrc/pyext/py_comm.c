@@ -318,36 +318,48 @@ static PyObject *comm_repr(xccl_py_comm_t *self)
  * Operations
  * ------------------------------------------------------------------------------------------- */
 
-/* State of one operation call: the Work under construction and its options. */
+/* State of one operation call: the Work under construction (none for a one-call method,
+ * whose buffers stay here) and its options. */
 typedef struct call {
     xccl_py_state_t  *state;
     const char       *opname;
     xccl_comm_t      *comm;
     xccl_py_work_t   *work;
     xccl_coll_opts_t  opts;
+    xccl_py_tensor_t  bufs[XCCL_PY_WORK_MAX_BUFS];
 } call_t;
 
-static int call_begin(call_t *c, xccl_py_comm_t *self, const char *opname, const char *algo,
-                      double premul, PyObject *timeout_obj)
+/* A call without a Work object (the one-call methods). */
+static int call_begin_now(call_t *c, xccl_py_comm_t *self, const char *opname,
+                          PyObject *timeout_obj)
 {
     memset(c, 0, sizeof(*c));
     c->state              = xccl_py_state_of((PyObject *)self);
     c->opname             = opname;
+    c->opts.premul_factor = 1.0;
+    if (xccl_py_seconds_to_ms(timeout_obj, 0, "timeout", &c->opts.timeout_ms) < 0) return -1;
+    return (c->comm = alive(self, opname)) == NULL ? -1 : 0;
+}
+
+static int call_begin(call_t *c, xccl_py_comm_t *self, const char *opname, const char *algo,
+                      double premul, PyObject *timeout_obj)
+{
+    if (call_begin_now(c, self, opname, timeout_obj) < 0) return -1;
     c->opts.algo          = algo;
     c->opts.premul_factor = premul;
-    if (xccl_py_seconds_to_ms(timeout_obj, 0, "timeout", &c->opts.timeout_ms) < 0) return -1;
-    if ((c->comm = alive(self, opname)) == NULL) return -1;
-    c->work = xccl_py_work_new(c->state);
+    c->work               = xccl_py_work_new(c->state);
     return c->work == NULL ? -1 : 0;
 }
 
-/* Acquires buffer `obj` into slot `i` of the Work; `what` is the argument name. */
+/* Acquires buffer `obj` into slot `i` of the Work (or of the call); `what` is the argument
+ * name. */
 static xccl_py_tensor_t *take(call_t *c, int i, PyObject *obj, int flags, const char *what)
 {
-    xccl_py_what_t label = {c->opname, what};
+    xccl_py_what_t    label = {c->opname, what};
+    xccl_py_tensor_t *slot  = c->work != NULL ? &c->work->bufs[i] : &c->bufs[i];
 
-    if (xccl_py_tensor_acquire(c->state, obj, flags, &label, &c->work->bufs[i]) < 0) return NULL;
-    return &c->work->bufs[i];
+    if (xccl_py_tensor_acquire(c->state, obj, flags, &label, slot) < 0) return NULL;
+    return slot;
 }
 
 /* Called right before posting: taking the buffers ran Python code (__dlpack__), during which
@@ -373,6 +385,8 @@ static PyObject *call_end(call_t *c, xccl_status_t st, xccl_work_t *w)
 static PyObject *call_fail(call_t *c)
 {
     Py_CLEAR(c->work);
+    for (int i = 0; i < XCCL_PY_WORK_MAX_BUFS; i++)
+        xccl_py_tensor_release(&c->bufs[i]);
     return NULL;
 }
 
@@ -574,13 +588,11 @@ static PyObject *now_decline(call_t *c)
 /* The post's result waited for: Py_True (or, with `source`, the sender's rank), or NULL. */
 static PyObject *now_wait(call_t *c, xccl_status_t st, xccl_work_t *w, int source)
 {
-    PyObject *work = call_end(c, st, w), *res;
-
-    if (work == NULL) return NULL;
-    res = xccl_py_work_wait((xccl_py_work_t *)work);
-    if (res != NULL && source) Py_SETREF(res, PyLong_FromLong(((xccl_py_work_t *)work)->source));
-    Py_DECREF(work);
-    return res;
+    if (st < 0) {
+        call_fail(c);
+        return xccl_py_raise_last(c->state, st);
+    }
+    return xccl_py_wait_now(c->state, w, c->bufs, source);
 }
 
 /* The integer arguments of a one-call method: args[1], and args[2] when `b` is given (else
@@ -624,8 +636,7 @@ static PyObject *one_buf_now(xccl_py_comm_t *self, PyObject *const *args, Py_ssi
                   &arg, NULL);
     if (rc == -2) return NULL;
     if (rc < 0 || (bcast && (arg < 0 || arg >= self->size))) Py_RETURN_NONE;
-    if (call_begin(&c, self, bcast ? "broadcast" : "all_reduce", NULL, 1.0, args[2]) < 0)
-        return NULL;
+    if (call_begin_now(&c, self, bcast ? "broadcast" : "all_reduce", args[2]) < 0) return NULL;
     /* a broadcast root only reads its buffer */
     flags = (bcast && arg == self->rank ? 0 : XCCL_PY_BUF_OUTPUT) | XCCL_PY_BUF_NO_CAPSULE;
     t     = take(&c, 0, args[0], flags, bcast ? "buf" : "sendbuf/recvbuf");
@@ -678,7 +689,7 @@ static PyObject *pair_now(xccl_py_comm_t *self, PyObject *const *args, Py_ssize_
         PyErr_Clear();
         Py_RETURN_NONE;
     }
-    if (call_begin(&c, self, pair_now_name[coll], NULL, 1.0, args[want - 1]) < 0) return NULL;
+    if (call_begin_now(&c, self, pair_now_name[coll], args[want - 1]) < 0) return NULL;
     s = take(&c, 0, args[0], XCCL_PY_BUF_NO_CAPSULE, "sendbuf");
     r = s ? take(&c, 1, args[1], XCCL_PY_BUF_OUTPUT | XCCL_PY_BUF_NO_CAPSULE, "recvbuf") : NULL;
     if (r == NULL || pair_checks(&c, coll, self->size, s, r, (int)op) < 0 ||
@@ -729,7 +740,7 @@ static PyObject *p2p_now(xccl_py_comm_t *self, PyObject *const *args, Py_ssize_t
 
     if (rc == -2) return NULL;
     if (rc < 0 || !now_peer_ok(self, peer, tag)) Py_RETURN_NONE;
-    if (call_begin(&c, self, recv ? "recv" : "send", NULL, 1.0, NULL) < 0) return NULL;
+    if (call_begin_now(&c, self, recv ? "recv" : "send", NULL) < 0) return NULL;
     t = take(&c, 0, args[0], (recv ? XCCL_PY_BUF_OUTPUT : 0) | XCCL_PY_BUF_NO_CAPSULE, "buf");
     if (t == NULL) return now_decline(&c);
     if (ready(&c, self) < 0) return call_fail(&c);

@@ -224,6 +224,9 @@ xccl_status_t xccl_work_test(xccl_work_t *w);
  * (so callers can check for signals and call again), XCCL_OK, or the operation's error. The
  * operation's own deadline (the communicator timeout) turns into XCCL_ERR_TIMEOUT. */
 xccl_status_t xccl_work_wait(xccl_work_t *w, int64_t slice_ms);
+/* The same with the slice in microseconds: a short wait that still polls, yields and
+ * notices the end of the operation as xccl_work_wait does. */
+xccl_status_t xccl_work_wait_us(xccl_work_t *w, int64_t slice_us);
 xccl_status_t xccl_work_status(const xccl_work_t *w); /* no progress */
 /* Message of a failed Work ("" otherwise); valid while the Work is. */
 const char   *xccl_work_error(const xccl_work_t *w);
