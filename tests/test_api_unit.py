@@ -428,6 +428,27 @@ def test_bad_arguments(world):
         dist.init_device_mesh("cpu", (2,))
 
 
+def test_fast_default_is_the_process_default_group(world):
+    """The one-call paths read the default group from _group._fast_default: the process's
+    default group, cleared when it is destroyed and for good once a thread has a world of its
+    own (xccl.launch's threads mode), where each thread's default differs."""
+    from xccl import _group
+
+    assert _group._fast_default is dist.group.WORLD is not None
+    saved = _group._thread_worlds
+    try:
+        _group._set_thread_world(_group._World())
+        assert _group._fast_default is None and dist.group.WORLD is None
+        _group._set_thread_world(None)
+        assert dist.group.WORLD is not None and _group._fast_default is None
+    finally:
+        _group._thread_worlds = saved
+        _group._set_default(_group._process_world.default)
+    assert _group._fast_default is dist.group.WORLD
+    dist.destroy_process_group()
+    assert _group._fast_default is None
+
+
 def test_one_call_paths_leave_the_rest_to_the_general_one(world):
     """The one-call paths of all_reduce, broadcast, all_gather_into_tensor,
     reduce_scatter_tensor, all_to_all_single, send and recv (numpy arrays, tensors with a DLPack

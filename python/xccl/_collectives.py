@@ -19,7 +19,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, Optional, Union
 
-from . import _C, _env
+from . import _C, _env, _group
 from . import _tensor as T
 from ._group import (
     GroupLike,
@@ -71,6 +71,7 @@ _PLAIN_OPS = {
     for m in ReduceOp.RedOpType
     if m not in (ReduceOp.RedOpType.AVG, ReduceOp.RedOpType.PREMUL_SUM)
 }
+_SUM, _C_SUM = ReduceOp.SUM, _C.OPS["sum"]  # the default operator, tested by identity first
 
 
 def _reduce_op(op: Any, tensor: Any, what: str) -> tuple[int, float]:
@@ -195,8 +196,8 @@ def send(
     """Sends `tensor` to `dst` and waits until the send completed."""
     if group is None and group_dst is None and dst is not None:
         # the common call in one C call (see all_reduce)
-        pg = _current_world().default
-        if pg is not None and pg.comm.send_now(tensor, dst, tag) is not None:
+        pg = _group._fast_default or _current_world().default
+        if pg is not None and pg._comm.send_now(tensor, dst, tag) is not None:
             return
     T.check_tensor(tensor, "tensor")
     pg = _member(group, "send")
@@ -218,9 +219,9 @@ def recv(
     if group is None and group_src is None and src is not None:
         # the common call in one C call (see all_reduce); on the default group the sender's
         # rank is its global rank
-        pg = _current_world().default
+        pg = _group._fast_default or _current_world().default
         if pg is not None:
-            source = pg.comm.recv_now(tensor, src, tag)
+            source = pg._comm.recv_now(tensor, src, tag)
             if source is not None:
                 return int(source)
     T.check_tensor(tensor, "tensor")
@@ -320,8 +321,8 @@ def broadcast(
     """Copies `tensor` of rank `src` into `tensor` of every rank."""
     if group is None and group_src is None and src is not None and not async_op and algo is None:
         # the common call in one C call (see all_reduce)
-        pg = _current_world().default
-        if pg is not None and pg.comm.broadcast_now(tensor, src, pg._timeout_arg) is not None:
+        pg = _group._fast_default or _current_world().default
+        if pg is not None and pg._comm.broadcast_now(tensor, src, pg._timeout_arg) is not None:
             return None
     T.check_tensor(tensor, "tensor")
     pg = _member(group, "broadcast")
@@ -343,11 +344,12 @@ def all_reduce(
     """Reduces `tensor` across the group with `op`; every rank gets the result in place."""
     if group is None and not async_op and algo is None:
         # the common call in one C call; it declines (None, nothing done) whatever needs
-        # the general path below, which then also raises the messages
-        pg = _current_world().default
-        plain = _PLAIN_OPS.get(id(op))
-        if plain is not None and pg is not None:
-            if pg.comm.allreduce_now(tensor, plain[0], pg._timeout_arg) is not None:
+        # the general path below, which then also raises the messages. The default group
+        # (never a destroyed one) comes from _group._fast_default where it can.
+        pg = _group._fast_default or _current_world().default
+        c_op = _C_SUM if op is _SUM else _PLAIN_OPS.get(id(op), (None,))[0]
+        if c_op is not None and pg is not None:
+            if pg._comm.allreduce_now(tensor, c_op, pg._timeout_arg) is not None:
                 return None
     T.check_tensor(tensor, "tensor")
     pg = _member(group, "all_reduce")
@@ -394,9 +396,9 @@ def all_gather_into_tensor(
     """Concatenates every rank's `input_tensor` in rank order into `output_tensor`, whose
     shape is either ``[size * d0, ...]`` or ``[size, d0, ...]``."""
     if group is None and not async_op and algo is None:
-        pg = _current_world().default  # the common call in one C call (see all_reduce)
+        pg = _group._fast_default or _current_world().default  # one C call (see all_reduce)
         if pg is not None:
-            if pg.comm.allgather_now(input_tensor, output_tensor, pg._timeout_arg) is not None:
+            if pg._comm.allgather_now(input_tensor, output_tensor, pg._timeout_arg) is not None:
                 return None
     T.check_tensor(output_tensor, "output_tensor")
     T.check_tensor(input_tensor, "input_tensor")
@@ -432,10 +434,10 @@ def reduce_scatter_tensor(
     """Reduces `input` (``size`` blocks of ``output.numel()`` elements) across the group;
     rank r receives the reduction of block r in `output`."""
     if group is None and not async_op and algo is None:
-        pg = _current_world().default  # the common call in one C call (see all_reduce)
-        plain = _PLAIN_OPS.get(id(op))
-        if plain is not None and pg is not None:
-            if pg.comm.reduce_scatter_now(input, output, plain[0], pg._timeout_arg) is not None:
+        pg = _group._fast_default or _current_world().default  # one C call (see all_reduce)
+        c_op = _C_SUM if op is _SUM else _PLAIN_OPS.get(id(op), (None,))[0]
+        if c_op is not None and pg is not None:
+            if pg._comm.reduce_scatter_now(input, output, c_op, pg._timeout_arg) is not None:
                 return None
     T.check_tensor(output, "output")
     T.check_tensor(input, "input")
@@ -511,9 +513,9 @@ def all_to_all_single(
     rank j and concatenates the pieces received, in rank order, into `output` (whose pieces
     are `output_split_sizes` rows, or even). None or an empty list means an even split."""
     if group is None and not async_op and algo is None:
-        pg = _current_world().default  # the common call in one C call (see all_reduce)
+        pg = _group._fast_default or _current_world().default  # one C call (see all_reduce)
         if pg is not None and not output_split_sizes and not input_split_sizes:
-            if pg.comm.alltoall_now(input, output, pg._timeout_arg) is not None:
+            if pg._comm.alltoall_now(input, output, pg._timeout_arg) is not None:
                 return None
     T.check_tensor(output, "output")
     T.check_tensor(input, "input")
