@@ -334,7 +334,7 @@ def body_algos(rank, size):
 
 def body_late_peer(rank, size):
     """Rank 0 waits in the one-call paths (all_reduce, recv, numpy and torch buffers) for rank
-    1, which comes 0.3 s late: longer than the first wait slice, so the wait moves into a
+    1, which comes 0.3 s late: longer than the spin with the GIL held, so the wait moves into a
     Work object. Results must be right, and a thread of rank 0 must run meanwhile (the wait
     holds the GIL only briefly). Then a wait interrupted by KeyboardInterrupt: the operation
     goes on without the caller and still fills the buffer when the peer arrives."""

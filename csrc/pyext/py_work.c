@@ -14,7 +14,7 @@
  * GIL released, running signal handlers between slices so Ctrl-C interrupts it. The C
  * library allows one waiter per Work: a second Python thread waiting on the same Work only
  * polls. The one-call methods wait the same way, without a Work object unless the operation
- * outlasts the first slice (xccl_py_wait_now).
+ * outlasts the spin (xccl_py_wait_now).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -48,9 +48,11 @@ xccl_py_work_t *xccl_py_work_new(xccl_py_state_t *state)
     return (xccl_py_work_t *)tp->tp_alloc(tp, 0); /* zero-filled, GC-tracked */
 }
 
+/* Gives the buffers back to their producers; `vcounts` (alltoallv's counts) may be NULL. */
 static void release_buffers(xccl_py_tensor_t *bufs, size_t **vcounts)
 {
     for (int i = 0; i < XCCL_PY_WORK_MAX_BUFS; i++) xccl_py_tensor_release(&bufs[i]);
+    if (vcounts == NULL) return;
     PyMem_RawFree(*vcounts);
     *vcounts = NULL;
 }
@@ -252,19 +254,14 @@ static xccl_status_t wait_slices(xccl_py_work_t *self, int64_t timeout_ms, int *
     return st;
 }
 
-/* Work.wait's body: Py_True once the operation succeeded; NULL with the operation's error,
- * a timeout (`timeout_obj` names the limit in the message) or an interrupt. */
-static PyObject *wait_for(xccl_py_work_t *self, int64_t timeout_ms, PyObject *timeout_obj)
+/* Work.wait's body past the spin with the GIL held: slices with the GIL released. Py_True
+ * once the operation succeeded; NULL with the operation's error, a timeout (`timeout_obj`
+ * names the limit in the message) or an interrupt. */
+static PyObject *wait_released(xccl_py_work_t *self, int64_t timeout_ms, PyObject *timeout_obj)
 {
     int           interrupted = 0;
-    xccl_status_t st;
+    xccl_status_t st          = poll(self, 0);
 
-    if (timeout_ms >= XCCL_PY_FOREVER_MS) timeout_ms = INT64_MAX;
-    st = poll(self, 0);
-    if (st == XCCL_INPROGRESS && !self->driving) {
-        st = xccl_work_wait_us(self->work, timeout_ms > 0 ? GIL_SPIN_US : 0);
-        settle(self, st);
-    }
     if (st == XCCL_INPROGRESS) {
         st = wait_slices(self, timeout_ms, &interrupted);
         if (interrupted) return NULL;
@@ -281,24 +278,24 @@ static PyObject *wait_for(xccl_py_work_t *self, int64_t timeout_ms, PyObject *ti
     Py_RETURN_TRUE;
 }
 
-PyObject *xccl_py_work_wait(xccl_py_work_t *self) { return wait_for(self, INT64_MAX, Py_None); }
+/* Work.wait's body: up to GIL_SPIN_US with the GIL held, then wait_released. */
+static PyObject *wait_for(xccl_py_work_t *self, int64_t timeout_ms, PyObject *timeout_obj)
+{
+    if (timeout_ms >= XCCL_PY_FOREVER_MS) timeout_ms = INT64_MAX;
+    if (poll(self, 0) == XCCL_INPROGRESS && !self->driving)
+        settle(self, xccl_work_wait_us(self->work, timeout_ms > 0 ? GIL_SPIN_US : 0));
+    return wait_released(self, timeout_ms, timeout_obj);
+}
 
 PyObject *xccl_py_wait_now(xccl_py_state_t *state, xccl_work_t *w, xccl_py_tensor_t *bufs,
                            int source)
 {
     xccl_py_work_t *self;
-    size_t         *no_counts = NULL;
     PyObject       *res;
-    xccl_status_t   st;
+    xccl_status_t   st = xccl_work_wait_us(w, GIL_SPIN_US);
 
-    st = xccl_work_wait_us(w, GIL_SPIN_US);
-    if (st == XCCL_INPROGRESS) {
-        Py_BEGIN_ALLOW_THREADS
-        st = xccl_work_wait(w, WAIT_SLICE_MS);
-        Py_END_ALLOW_THREADS
-    }
     if (st != XCCL_INPROGRESS) {
-        release_buffers(bufs, &no_counts);
+        release_buffers(bufs, NULL);
         if (st < 0)
             res = xccl_py_raise(state, st, xccl_work_error(w));
         else
@@ -313,14 +310,14 @@ PyObject *xccl_py_wait_now(xccl_py_state_t *state, xccl_work_t *w, xccl_py_tenso
 
         PyErr_Fetch(&type, &value, &tb);
         (void)wait_out(w); /* the buffers must outlive the operation */
-        release_buffers(bufs, &no_counts);
+        release_buffers(bufs, NULL);
         xccl_work_release(w);
         PyErr_Restore(type, value, tb);
         return NULL;
     }
     memcpy(self->bufs, bufs, sizeof(self->bufs));
     self->work = w;
-    res        = xccl_py_work_wait(self);
+    res        = wait_released(self, INT64_MAX, Py_None);
     if (res != NULL && source) Py_SETREF(res, PyLong_FromLong(self->source));
     Py_DECREF(self);
     return res;

@@ -163,15 +163,12 @@ extern PyType_Spec xccl_py_work_spec;
 
 /* A fresh, empty Work (GIL held). The caller acquires buffers into it, then posts. */
 xccl_py_work_t *xccl_py_work_new(xccl_py_state_t *state);
-/* Work.wait() without a limit (the operation's own timeout applies): Py_True, or NULL with
- * the operation's error or an interrupt. */
-PyObject       *xccl_py_work_wait(xccl_py_work_t *self);
 /* A one-call method's wait, without a Work object unless it needs one: waits for `w` (its
  * reference is consumed), whose buffers `bufs` (XCCL_PY_WORK_MAX_BUFS slots) are taken over.
- * An operation that ends within one wait slice is settled here; one that outlasts it moves
- * into a Work object and is waited for as Work.wait() waits (Ctrl-C, buffers kept alive by
- * the operation if the wait is interrupted). Returns Py_True, or with `source` the sender's
- * rank, or NULL with the operation's error or an interrupt. */
+ * An operation that ends within the spin with the GIL held is settled here; one that outlasts
+ * it moves into a Work object and is waited for as Work.wait() waits (Ctrl-C, buffers kept
+ * alive by the operation if the wait is interrupted). Returns Py_True, or with `source` the
+ * sender's rank, or NULL with the operation's error or an interrupt. */
 PyObject *xccl_py_wait_now(xccl_py_state_t *state, xccl_work_t *w, xccl_py_tensor_t *bufs,
                            int source);
 
