@@ -449,6 +449,69 @@ def test_fast_default_is_the_process_default_group(world):
     assert _group._fast_default is None
 
 
+def test_fronts_take_the_common_call_and_pass_the_rest_on(world):
+    """The API functions with a one-call path are C fronts (py_front.c) of the Python
+    functions: same signature and docstring; the common call goes to the Comm's one-call
+    method without running the Python function, any other call runs it with the arguments as
+    given."""
+    import inspect
+
+    from xccl import _C, _collectives
+
+    fronted = ("send", "recv", "broadcast", "all_reduce", "all_gather_into_tensor",
+               "reduce_scatter_tensor", "all_to_all_single")
+    for name in fronted:
+        f = getattr(dist, name)
+        assert isinstance(f, _C.Front) and f.__name__ == name
+        assert inspect.isfunction(f.__wrapped__) and f.__doc__ == f.__wrapped__.__doc__
+        assert inspect.signature(f) == inspect.signature(f.__wrapped__)
+
+    calls = []
+
+    def all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False, *, algo=None):
+        calls.append((tensor, op, group, async_op, algo))
+        return "python"
+
+    front = _C.Front(all_reduce, "allreduce_now", "0bnfn", True, dist.ReduceOp.SUM,
+                     _C.OPS["sum"])
+    a = np.arange(4, dtype=np.float32)
+    # common calls: the engine (one rank: the values stay), the function never runs
+    for args, kw in (((a,), {}), ((a, dist.ReduceOp.SUM), {}), ((), {"tensor": a}),
+                     ((a,), {"group": None, "async_op": False, "algo": None})):
+        assert front(*args, **kw) is None
+    assert calls == [] and a.tolist() == [0, 1, 2, 3]
+    # anything else runs the Python function with what was given
+    pg = dist.group.WORLD
+    for args, kw in (((a, dist.ReduceOp.MAX), {}), ((a,), {"group": pg}),
+                     ((a,), {"async_op": True}), ((a,), {"algo": "ring"}),
+                     ((a,), {"bogus": 1}), ((a, dist.ReduceOp.SUM, None, False, 5), {})):
+        if "bogus" in kw or len(args) > 4:
+            with pytest.raises(TypeError):
+                front(*args, **kw)
+            continue
+        assert front(*args, **kw) == "python"
+    assert [c[1:] for c in calls] == [
+        (dist.ReduceOp.MAX, None, False, None), (dist.ReduceOp.SUM, pg, False, None),
+        (dist.ReduceOp.SUM, None, True, None), (dist.ReduceOp.SUM, None, False, "ring")]
+    assert front("not a buffer") == "python"  # the method declines it
+    # without a published default group (threads with their own worlds, after destroy)
+    calls.clear()
+    _C.set_fast_default(None, None)
+    try:
+        assert front(a) == "python" and len(calls) == 1
+    finally:
+        _collectives._group._publish_fast_default(pg)
+    with pytest.raises(ValueError, match="one-call method"):
+        _C.Front(all_reduce, "allreduce", "0bnfn", True)
+    with pytest.raises(ValueError, match="5 parameters"):
+        _C.Front(all_reduce, "allreduce_now", "0bnf", True)
+    with pytest.raises(ValueError, match="role 'x'"):
+        _C.Front(all_reduce, "allreduce_now", "0bnfx", True)
+    dist.destroy_process_group()
+    with pytest.raises(ValueError, match="has not been initialized"):
+        dist.all_reduce(a)
+
+
 def test_one_call_paths_leave_the_rest_to_the_general_one(world):
     """The one-call paths of all_reduce, broadcast, all_gather_into_tensor,
     reduce_scatter_tensor, all_to_all_single, send and recv (numpy arrays, tensors with a DLPack

@@ -240,6 +240,9 @@ static PyMethodDef mod_methods[] = {
      "name, summary, steps, bytes, reduce_bytes, predicted_s, applicable, chosen."},
     {"default_model", xccl_py_default_model, METH_NOARGS,
      "default_model() -> (alpha s, beta s/byte, gamma s/byte) of the built-in cost model."},
+    {"set_fast_default", (PyCFunction)(void (*)(void))xccl_py_set_fast_default, METH_FASTCALL,
+     "set_fast_default(comm, timeout): the default group's Comm and timeout argument that the "
+     "fronts (Front) call; comm None: none (the fronts then call their Python function)."},
     {"_atexit", mod_atexit, METH_NOARGS, "Internal: marks the interpreter as shutting down."},
     {NULL, NULL, 0, NULL},
 };
@@ -376,6 +379,7 @@ static int mod_exec(PyObject *m)
     if ((state->store_type = add_type(m, &xccl_py_store_spec)) == NULL) return -1;
     if ((state->comm_type = add_type(m, &xccl_py_comm_spec)) == NULL) return -1;
     if ((state->work_type = add_type(m, &xccl_py_work_spec)) == NULL) return -1;
+    if ((state->front_type = add_type(m, &xccl_py_front_spec)) == NULL) return -1;
     if (add_constants(m) < 0) return -1;
     return register_atexit(m);
 }
@@ -393,6 +397,9 @@ static int mod_traverse(PyObject *m, visitproc visit, void *arg)
     Py_VISIT(state->XcclConnectionError);
     Py_VISIT(state->XcclMismatchError);
     Py_VISIT(state->XcclAuthError);
+    Py_VISIT(state->front_type);
+    Py_VISIT(state->fast_comm);
+    Py_VISIT(state->fast_timeout);
     return 0;
 }
 
@@ -409,6 +416,9 @@ static int mod_clear(PyObject *m)
     Py_CLEAR(state->XcclConnectionError);
     Py_CLEAR(state->XcclMismatchError);
     Py_CLEAR(state->XcclAuthError);
+    Py_CLEAR(state->front_type);
+    Py_CLEAR(state->fast_comm);
+    Py_CLEAR(state->fast_timeout);
     return 0;
 }
 

@@ -1154,6 +1154,14 @@ static PyGetSetDef comm_getset[] = {
     {NULL, NULL, NULL, NULL, NULL},
 };
 
+xccl_py_now_fn xccl_py_comm_now_method(const char *name)
+{
+    for (const PyMethodDef *m = comm_methods; m->ml_name != NULL; m++)
+        if (m->ml_flags == METH_FASTCALL && strcmp(m->ml_name, name) == 0)
+            return (xccl_py_now_fn)(void (*)(void))m->ml_meth;
+    return NULL;
+}
+
 static PyType_Slot comm_slots[] = {
     {Py_tp_doc, "Comm(store, rank, size, timeout, transports=None, auth_key=None, name=None)\n\n"
                 "A communicator (xccl_comm_t). Creation is collective over the store."},

@@ -28,6 +28,9 @@ typedef struct xccl_py_state {
     PyObject     *XcclConnectionError;
     PyObject     *XcclMismatchError;
     PyObject     *XcclAuthError;
+    PyTypeObject *front_type;
+    PyObject     *fast_comm;    /* the default group's Comm for the fronts (py_front.c)  */
+    PyObject     *fast_timeout; /* and its timeout argument                              */
 } xccl_py_state_t;
 
 /* The types cannot be subclassed, so the module state is reachable from any instance. */
@@ -160,6 +163,14 @@ typedef struct xccl_py_work {
 extern PyType_Spec xccl_py_store_spec;
 extern PyType_Spec xccl_py_comm_spec;
 extern PyType_Spec xccl_py_work_spec;
+extern PyType_Spec xccl_py_front_spec;
+
+/* A one-call method of Comm (METH_FASTCALL), e.g. allreduce_now (py_comm.c). */
+typedef PyObject *(*xccl_py_now_fn)(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+/* The one-call method `name` ("allreduce_now", ...), or NULL if there is none. */
+xccl_py_now_fn xccl_py_comm_now_method(const char *name);
+/* _C.set_fast_default(comm, timeout) (py_front.c). */
+PyObject *xccl_py_set_fast_default(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
 /* A fresh, empty Work (GIL held). The caller acquires buffers into it, then posts. */
 xccl_py_work_t *xccl_py_work_new(xccl_py_state_t *state);

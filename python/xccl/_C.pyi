@@ -55,6 +55,14 @@ def default_model() -> tuple[float, float, float]:
 
 _Seconds: TypeAlias = float | timedelta  # every `timeout` also accepts a datetime.timedelta
 
+def set_fast_default(comm: Optional[Comm], timeout: Any) -> None: ...
+
+class Front:
+    """The C front of a Python API function (csrc/pyext/py_front.c)."""
+    def __init__(self, impl: Callable[..., Any], method: str, spec: str, timeout: bool,
+                 sum: Any = None, c_sum: Any = None) -> None: ...
+    def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
+
 class Store:
     """A key/value store. Not constructible directly: use the factory class methods.
     Every store call releases the GIL while it waits or talks to a server."""

@@ -12,12 +12,13 @@ ranks within ``group``; give one of the two.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import time
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, Optional, Union
+from typing import Any, Optional, TypeVar, Union
 
 from . import _C, _env, _group
 from . import _tensor as T
@@ -845,6 +846,28 @@ def _error(cls: type[BaseException], msg: str) -> BaseException:
         return cls(msg)
     except Exception:
         return RuntimeError(msg)
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _front(fn: _F, method: str, spec: str, timeout: bool = True) -> _F:
+    """`fn` behind a C front (csrc/pyext/py_front.c): the common call (default group,
+    defaults where `spec` asks for them, SUM) goes straight to the default group's one-call
+    method `method`, 160 ns sooner than through `fn`; every other call, and one the method
+    declines, runs `fn` itself. `spec` has one letter per parameter of `fn` (see py_front.c)."""
+    front = _C.Front(fn, method, spec, timeout, _SUM, _C_SUM)
+    functools.update_wrapper(front, fn)
+    return front  # type: ignore[no-any-return]
+
+
+send = _front(send, "send_now", "01n2n", timeout=False)
+recv = _front(recv, "recv_now", "01n2n", timeout=False)
+broadcast = _front(broadcast, "broadcast_now", "01nfnn")
+all_reduce = _front(all_reduce, "allreduce_now", "0bnfn")
+all_gather_into_tensor = _front(all_gather_into_tensor, "allgather_now", "10nfn")
+reduce_scatter_tensor = _front(reduce_scatter_tensor, "reduce_scatter_now", "10cnfn")
+all_to_all_single = _front(all_to_all_single, "alltoall_now", "10eenfn")
 
 
 __all__ = [

@@ -110,9 +110,8 @@ class ProcessGroup:
         return timedelta(seconds=self._timeout)
 
     def _destroy(self) -> None:
-        global _fast_default
         if _fast_default is self:
-            _fast_default = None
+            _publish_fast_default(None)
         comm, ctl = self._comm, self._ctl
         self._comm = None
         self._ctl = None
@@ -165,6 +164,16 @@ _fast_default: Optional[ProcessGroup] = None
 _thread_worlds = False
 
 
+def _publish_fast_default(pg: Optional[ProcessGroup]) -> None:
+    """Sets _fast_default, and the Comm the C fronts of the API functions call (py_front.c)."""
+    global _fast_default
+    _fast_default = pg
+    if pg is None:
+        _C.set_fast_default(None, None)
+    else:
+        _C.set_fast_default(pg._comm, pg._timeout_arg)
+
+
 def _current_world() -> _World:
     world = _tls.world
     return _process_world if world is None else world
@@ -173,10 +182,10 @@ def _current_world() -> _World:
 def _set_thread_world(world: Optional[_World]) -> None:
     """Gives the calling thread its own default group and subgroups (`world`), or (None)
     returns it to the process's."""
-    global _fast_default, _thread_worlds
+    global _thread_worlds
     if world is not None:
         _thread_worlds = True
-        _fast_default = None
+        _publish_fast_default(None)
     _tls.world = world
 
 
@@ -215,9 +224,8 @@ class group(metaclass=_WorldAttribute):  # noqa: N801 - torch.distributed's name
 
 
 def _set_default(pg: Optional[ProcessGroup]) -> None:
-    global _fast_default
     _world.default = pg
-    _fast_default = None if _thread_worlds else _process_world.default
+    _publish_fast_default(None if _thread_worlds else _process_world.default)
 
 
 # ---------------------------------------------------------------------------------------------
