@@ -38,16 +38,16 @@
 
 typedef struct front {
     PyObject_HEAD
-    PyObject        *impl;   /* the Python function                                   */
-    PyObject        *dict;   /* __wrapped__, __doc__, __name__, ... (update_wrapper)   */
-    PyObject        *sum;    /* the SUM operator object ('a'..'d')                    */
-    PyObject        *c_sum;  /* the engine's SUM as an int                            */
-    xccl_py_now_fn   method; /* the Comm's one-call method                            */
-    PyObject        *names[FRONT_MAX_PARAMS];
-    PyObject        *defaults[FRONT_MAX_PARAMS]; /* NULL: required                   */
-    char             spec[FRONT_MAX_PARAMS];
-    int              nparams, npositional, nargs, timeout;
-    vectorcallfunc   vectorcall;
+    PyObject      *impl;   /* the Python function                                        */
+    PyObject      *dict;   /* __wrapped__, __doc__, __name__, ... (update_wrapper)        */
+    PyObject      *sum;    /* the SUM operator object ('a'..'d')                         */
+    PyObject      *c_sum;  /* the engine's SUM as an int                                 */
+    xccl_py_now_fn method; /* the Comm's one-call method                                 */
+    PyObject      *names[FRONT_MAX_PARAMS];
+    PyObject      *defaults[FRONT_MAX_PARAMS]; /* NULL: required                         */
+    char           spec[FRONT_MAX_PARAMS];
+    int            nparams, npositional, nargs, timeout;
+    vectorcallfunc vectorcall;
 } front_t;
 
 /* Checks `v` against role `r` and stores what the method gets into out[]; 0: not the common
@@ -99,10 +99,11 @@ static int bind(const front_t *f, PyObject *const *args, Py_ssize_t nargs, PyObj
                 PyObject **out)
 {
     PyObject  *given[FRONT_MAX_PARAMS] = {NULL};
-    Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
+    Py_ssize_t nkw                     = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
 
     if (nargs > f->npositional) return 0;
-    for (Py_ssize_t i = 0; i < nargs; i++) given[i] = args[i];
+    for (Py_ssize_t i = 0; i < nargs; i++)
+        given[i] = args[i];
     for (Py_ssize_t k = 0; k < nkw; k++) {
         int i = param_index(f, PyTuple_GET_ITEM(kwnames, k));
         if (i < 0 || given[i] != NULL) return 0;
@@ -155,14 +156,15 @@ static PyObject *front_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     if (!PyArg_ParseTupleAndKeywords(args, kw, "Ossp|OO:Front", kwlist, &impl, &method, &spec,
                                      &timeout, &sum, &c_sum))
         return NULL;
-    if (!PyFunction_Check(impl)) return PyErr_Format(PyExc_TypeError, "Front: impl must be a function");
+    if (!PyFunction_Check(impl))
+        return PyErr_Format(PyExc_TypeError, "Front: impl must be a function");
     f = (front_t *)type->tp_alloc(type, 0);
     if (f == NULL) return NULL;
-    f->impl    = Py_NewRef(impl);
-    f->sum     = Py_NewRef(sum);
-    f->c_sum   = Py_NewRef(c_sum);
-    f->timeout = timeout;
-    f->method  = xccl_py_comm_now_method(method);
+    f->impl       = Py_NewRef(impl);
+    f->sum        = Py_NewRef(sum);
+    f->c_sum      = Py_NewRef(c_sum);
+    f->timeout    = timeout;
+    f->method     = xccl_py_comm_now_method(method);
     f->vectorcall = front_vectorcall;
     if (f->method == NULL) {
         PyErr_Format(PyExc_ValueError, "Front: Comm has no one-call method %s", method);
@@ -182,7 +184,7 @@ static PyObject *front_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     }
     memcpy(f->spec, spec, (size_t)f->nparams);
     for (int i = 0; i < f->nparams; i++) {
-        char r = spec[i];
+        char r      = spec[i];
         f->names[i] = Py_NewRef(PyTuple_GET_ITEM(varnames, i));
         if (r >= '0' && r <= '3' && r - '0' + 1 > f->nargs) f->nargs = r - '0' + 1;
         if (r >= 'a' && r <= 'd' && r - 'a' + 1 > f->nargs) f->nargs = r - 'a' + 1;
@@ -224,7 +226,8 @@ static int front_traverse(front_t *f, visitproc visit, void *arg)
     Py_VISIT(f->dict);
     Py_VISIT(f->sum);
     Py_VISIT(f->c_sum);
-    for (int i = 0; i < FRONT_MAX_PARAMS; i++) Py_VISIT(f->defaults[i]);
+    for (int i = 0; i < FRONT_MAX_PARAMS; i++)
+        Py_VISIT(f->defaults[i]);
     return 0;
 }
 
@@ -258,7 +261,10 @@ static PyObject *front_get(PyObject *self, PyObject *obj, PyObject *type)
     return obj == NULL || obj == Py_None ? Py_NewRef(self) : PyMethod_New(self, obj);
 }
 
-static PyObject *front_repr(front_t *f) { return PyUnicode_FromFormat("<xccl front of %R>", f->impl); }
+static PyObject *front_repr(front_t *f)
+{
+    return PyUnicode_FromFormat("<xccl front of %R>", f->impl);
+}
 
 static PyMemberDef front_members[] = {
     {"__dictoffset__", T_PYSSIZET, offsetof(front_t, dict), READONLY, NULL},
@@ -291,7 +297,7 @@ PyType_Spec xccl_py_front_spec = {
     .name      = "xccl._C.Front",
     .basicsize = sizeof(front_t),
     .flags     = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
-    .slots = front_slots,
+    .slots     = front_slots,
 };
 
 /* set_fast_default(comm, timeout): the default group the fronts use (comm None: none). */

@@ -788,9 +788,20 @@ def _measure(
 
     iters = opts.iters
     if opts.mintime > 0 and warm > 0:
-        # Enough iterations to last about mintime; every rank must run the same number.
-        want = float(min(1_000_000, math.ceil(opts.mintime / warm)))
-        iters = max(iters, int(runner.allreduce_floats([want], "max")[0]))
+        # Enough iterations to last about mintime; every rank must run the same number. A
+        # warm-up call or two misjudges a microsecond operation (one slow call made an 8-byte
+        # loop last 15 ms instead of 250), so a loop of about mintime/20 at that estimate
+        # times it again first.
+        def agreed(calls: float) -> int:
+            want = float(min(1_000_000, math.ceil(calls)))
+            return int(runner.allreduce_floats([want], "max")[0])
+
+        cal = agreed(opts.mintime / 20 / warm)
+        t0 = time.perf_counter()
+        for _ in range(cal):
+            fn()
+        per_call = max((time.perf_counter() - t0) / cal, 1e-9)
+        iters = max(iters, agreed(opts.mintime / per_call))
 
     runner.barrier()
     t0 = time.perf_counter()
