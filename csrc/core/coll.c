@@ -355,8 +355,8 @@ static xccl_status_t p2p_post(xccl_comm_t *comm, req_kind_t kind, void *buf, siz
     w->req = r;
     ctx    = comm->ctx;
     pthread_mutex_lock(&ctx->lock);
-    w->t_start = xccl_now_ns();
     xccl_work_activate(w, 0);
+    w->t_start = w->t_enq; /* posting is its start */
     st = kind == REQ_SEND ? xccl_req_post_send(ctx, r) : xccl_req_post_recv(ctx, r);
     if (st < 0) {
         r->state = REQ_DONE;
@@ -535,7 +535,10 @@ static xccl_status_t coll_post(xccl_comm_t *comm, xccl_coll_args_t *a, xccl_op_t
         }
     }
     started = w->active;
-    if (started) xccl_work_progress_locked(w); /* eager start */
+    if (started) { /* eager start, at the enqueue time */
+        w->t_start = w->t_enq;
+        xccl_work_progress_locked(w);
+    }
     /* the fingerprint check to the next rank (see TAG_CTRL_CHECK), unless the start already
      * sent it a message of this operation, which carries the same fingerprint */
     if (started && !w->task.sent_next && comm->size > 1)

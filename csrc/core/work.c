@@ -30,7 +30,6 @@ xccl_work_t *xccl_work_new(xccl_comm_t *comm, work_kind_t kind, const char *name
     w->comm       = comm;
     w->name       = name;
     w->timeout_ms = timeout_ms > 0 ? timeout_ms : comm->timeout_ms;
-    w->t_enq      = xccl_now_ns();
     w->task.work  = w;
     w->source     = -1;
     return w;
@@ -77,8 +76,11 @@ void xccl_work_activate(xccl_work_t *w, int blocking)
     xccl_ctx_t *ctx = w->comm->ctx;
 
     if (!blocking) count_async(ctx, w, 0);
+    /* one clock read serves the enqueue time and the deadline (a clock read costs ~25 ns in
+     * a VM, a few percent of a small operation) */
+    w->t_enq       = xccl_now_ns();
     w->active      = 1;
-    w->deadline_ms = xccl_now_ms() + w->timeout_ms;
+    w->deadline_ms = (int64_t)(w->t_enq / 1000000u) + w->timeout_ms;
     w->next        = NULL;
     xccl_work_retain(w);
     if (ctx->active_tail) ctx->active_tail->next = w;
@@ -324,15 +326,14 @@ xccl_status_t xccl_work_wait_us(xccl_work_t *w, int64_t slice_us)
 {
     xccl_status_t st = atomic_load(&w->status);
     xccl_ctx_t   *ctx;
-    uint64_t      t0, now, spin_end, slice_end;
+    uint64_t      now, spin_end, slice_end;
     unsigned      busy = 0; /* passes with events since the clock was last read */
     unsigned      idle = 0; /* passes that found nothing */
 
     if (st != XCCL_INPROGRESS) return st;
     ctx       = w->comm->ctx;
-    t0        = xccl_now_ns();
-    spin_end  = t0 + (uint64_t)ctx->spin_ns;
-    slice_end = slice_us < 0 ? UINT64_MAX : t0 + (uint64_t)slice_us * 1000u;
+    spin_end  = 0; /* both set at the first clock read: an operation that ends in the first */
+    slice_end = 0; /* busy passes costs no clock read                                       */
     pthread_mutex_lock(&ctx->lock);
     ctx->nwaiters++;
     for (;;) {
@@ -347,6 +348,10 @@ xccl_status_t xccl_work_wait_us(xccl_work_t *w, int64_t slice_us)
          * slice): a busy pass goes straight to the next */
         if (n > 0 && ++busy % 64 != 0) continue;
         now = xccl_now_ns();
+        if (slice_end == 0) {
+            spin_end  = now + (uint64_t)ctx->spin_ns;
+            slice_end = slice_us < 0 ? UINT64_MAX : now + (uint64_t)slice_us * 1000u;
+        }
         if (now >= slice_end) break;
         if (busy > 0) {
             /* poll again for a while after every event, not only at the start: the next
