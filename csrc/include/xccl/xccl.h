@@ -235,7 +235,8 @@ size_t        xccl_work_nbytes(const xccl_work_t *w); /* bytes received by a rec
 const char   *xccl_work_algo(const xccl_work_t *w);   /* algorithm used ("p2p" for p2p) */
 const char   *xccl_work_name(const xccl_work_t *w);   /* "all_reduce", "send", ...       */
 uint64_t      xccl_work_seq(const xccl_work_t *w);
-/* CLOCK_MONOTONIC nanoseconds at enqueue, first progress and completion (0 if not yet). */
+/* CLOCK_MONOTONIC nanoseconds at enqueue, first progress (the enqueue time for an operation
+ * started as it is posted) and completion (0 if not yet). */
 void          xccl_work_times(const xccl_work_t *w, uint64_t *enqueue_ns, uint64_t *start_ns,
                               uint64_t *end_ns);
 /* `cb` runs exactly once, when the Work completes (successfully or not), on whichever thread
