@@ -66,13 +66,15 @@ typedef struct xccl_cost_model {
 /* Where the ranks of a communicator live, for two-level algorithms: node_of[r] in [0, nnodes)
  * is the node (host) of rank r, nodes numbered in the order of their lowest rank; messages
  * inside a node cost `intra`, between nodes `inter`; `pull`: inside a node, receivers copy
- * large payloads from the sender's memory themselves (so a sender's fan-out is parallel).
- * Identical on every rank. */
+ * large payloads from the sender's memory themselves (so a sender's fan-out is parallel);
+ * `scarce`: a node of some member runs more ranks of the job than the CPUs they may use, so a
+ * message often waits for its receiver to be scheduled. Identical on every rank. */
 typedef struct xccl_topo {
     int               nnodes;
     const int        *node_of;
     xccl_cost_model_t intra, inter;
     int               pull;
+    int               scarce;
 } xccl_topo_t;
 
 typedef struct xccl_coll_args {

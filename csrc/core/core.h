@@ -199,6 +199,7 @@ struct xccl_ctx {
     int               ntp;
     int8_t           *peer_tp;   /* transport index per world rank (-1: self)             */
     char            **peer_dead; /* reason, or NULL while the peer is healthy            */
+    uint8_t          *peer_scarce; /* its host runs more ranks of the job than their CPUs  */
     /* large unexpected messages held back in their transport (XCCL_TP_CAP_DEFER): when the
      * one from each world rank was first offered (ms, 0: none), for how long, from what size */
     int64_t          *defer_since;

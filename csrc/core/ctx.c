@@ -49,6 +49,7 @@ static void local_peer_info(xccl_peer_info_t *pi)
     FILE       *f;
     char        ns[64]  = {0};
     const char *forced = getenv("XCCL_HOST_ID");
+    cpu_set_t   set;
 
     if (forced != NULL && *forced != '\0') {
         /* the host's name given explicitly: processes that share a kernel but must not share
@@ -68,6 +69,12 @@ static void local_peer_info(xccl_peer_info_t *pi)
     pi->pid      = (int32_t)getpid();
     pi->cuda_dev = -1;
     if (readlink("/proc/self/ns/ipc", ns, sizeof(ns) - 1) > 0) pi->ipc_ns = hash64(ns, strlen(ns), 1);
+    if (sched_getaffinity(0, sizeof(set), &set) != 0) {
+        CPU_ZERO(&set);
+        CPU_SET(0, &set); /* unknown: count one CPU */
+    }
+    for (int c = 0; c < CPU_SETSIZE && c < 16 * 64; c++)
+        if (CPU_ISSET(c, &set)) pi->cpus[c / 64] |= 1ull << (c % 64);
 }
 
 /* Address record: [u32 ntp] then per transport [char name[16]][u32 len][blob]. */
@@ -159,6 +166,7 @@ static void ctx_free(xccl_ctx_t *ctx)
         free(c);
     }
     free(ctx->peer_dead);
+    free(ctx->peer_scarce);
     free(ctx->defer_since);
     free(ctx->peer_tp);
     free(ctx->peers);
@@ -169,18 +177,42 @@ static void ctx_free(xccl_ctx_t *ctx)
 
 static const xccl_tp_upcalls_t *ctx_upcalls(xccl_ctx_t *ctx);
 
-/* More ranks of this job on this host than CPUs this process may run on (its affinity mask).
- * Then a waiter yields the CPU between polls (the rank it waits for may need it; otherwise it
- * polls flat out, as a sched_yield per poll costs a system call, ~0.3 us in a VM, that delays
- * noticing a message; XCCL_SPIN_YIELD=0/1 overrides), and the transports learn it at init. */
-static int cpus_scarce(const xccl_ctx_t *ctx)
+/* Whether each world rank's host runs more ranks of this job than the CPUs they may run on
+ * together (the union of their affinity masks: ranks bound one per CPU are not short of CPUs,
+ * ranks all bound to one are). Every rank computes it from the same peer table, so the answer
+ * is the job's, not a per-process guess: the algorithm selection may depend on it
+ * (topo.scarce). On this rank's host, waiters then yield the CPU between polls (the rank
+ * they wait for may need it; otherwise they poll flat out, as a sched_yield per poll costs a
+ * system call, ~0.3 us in a VM, that delays noticing a message; XCCL_SPIN_YIELD=0/1
+ * overrides), and the transports learn it at init. */
+static xccl_status_t scarce_hosts(xccl_ctx_t *ctx)
 {
-    cpu_set_t set;
-    int       nlocal = 0;
+    const xccl_peer_info_t *p = ctx->peers;
 
-    for (int r = 0; r < ctx->size; r++)
-        nlocal += ctx->peers[r].host_id == ctx->peers[ctx->rank].host_id;
-    return nlocal > (sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1);
+    ctx->peer_scarce = calloc((size_t)ctx->size, 1);
+    if (ctx->peer_scarce == NULL)
+        return XCCL_ERROR(XCCL_ERR_NO_MEMORY, "comm create: out of memory");
+    for (int r = 0; r < ctx->size; r++) {
+        uint64_t cpus[16] = {0};
+        int      nlocal = 0, ncpus = 0, first = r;
+
+        for (int q = 0; q < r && first == r; q++)
+            if (p[q].host_id == p[r].host_id) first = q;
+        if (first != r) { /* the host's first rank has the answer */
+            ctx->peer_scarce[r] = ctx->peer_scarce[first];
+            continue;
+        }
+        for (int q = r; q < ctx->size; q++) {
+            if (p[q].host_id != p[r].host_id) continue;
+            nlocal++;
+            for (int w = 0; w < 16; w++)
+                cpus[w] |= p[q].cpus[w];
+        }
+        for (int w = 0; w < 16; w++)
+            ncpus += __builtin_popcountll(cpus[w]);
+        ctx->peer_scarce[r] = nlocal > ncpus;
+    }
+    return XCCL_OK;
 }
 
 xccl_status_t xccl_ctx_create(const xccl_comm_config_t *cfg, xccl_ctx_t **out)
@@ -271,7 +303,8 @@ xccl_status_t xccl_ctx_create(const xccl_comm_config_t *cfg, xccl_ctx_t **out)
         val = NULL;
     }
 
-    scarce          = cpus_scarce(ctx);
+    XCCL_CHECK_GOTO(scarce_hosts(ctx), st, out);
+    scarce          = ctx->peer_scarce[cfg->rank];
     ctx->spin_yield = xccl_env_int("XCCL_SPIN_YIELD", scarce) != 0;
 
     /* 3. transports */

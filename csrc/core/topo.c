@@ -66,6 +66,9 @@ xccl_status_t xccl_comm_topo_init(xccl_comm_t *comm)
     comm->topo.inter   = transport_model(inter != NULL ? inter : intra);
     comm->topo.intra   = transport_model(intra != NULL ? intra : inter);
     comm->topo.pull    = intra != NULL && (intra->caps & XCCL_TP_CAP_RECV_PULL) != 0;
+    comm->topo.scarce  = 0;
+    for (int i = 0; i < comm->size; i++)
+        comm->topo.scarce |= ctx->peer_scarce[comm->world[i]];
     return XCCL_OK;
 }
 

@@ -1031,6 +1031,28 @@ static void set_algo_env(const char *v)
     xccl_algo_reset_env();
 }
 
+/* The same on one node whose receivers pull or not, with ranks outnumbering CPUs or not. */
+static const char *sel_node(xccl_coll_t coll, int size, size_t nbytes, int pull, int scarce,
+                            const char *forced)
+{
+    static char              err[16];
+    static xccl_cost_model_t m       = {2e-6, 1.0 / 6e9, 1.0 / 4e9};
+    static int               zero[8] = {0};
+    xccl_topo_t              topo = {.nnodes = 1, .node_of = zero, .pull = pull, .scarce = scarce};
+    xccl_coll_args_t         a    = sel_args(coll, nbytes / 4);
+    const xccl_algo_t       *out  = NULL;
+    xccl_status_t            st;
+
+    topo.intra = topo.inter = m;
+    a.topo                  = &topo;
+    st                      = xccl_algo_select(&a, size, nbytes, &m, forced, &out);
+    if (st != XCCL_OK) {
+        snprintf(err, sizeof(err), "!%d", (int)st);
+        return err;
+    }
+    return out->name;
+}
+
 #define SEL_IS(want, ...)                                                                   \
     do {                                                                                    \
         const char *got_ = sel(__VA_ARGS__);                                                \
@@ -1082,6 +1104,52 @@ static void test_select(void)
     SEL_IS("pairwise", XCCL_COLL_ALLTOALL, 4, 2 << 20, NULL);
     SEL_IS("linear", XCCL_COLL_ALLTOALL, 4, 64 << 20, "auto");
     SEL_IS("linear", XCCL_COLL_ALLTOALLV, 4, 64 << 20, NULL);
+
+    /* ranks outnumbering CPUs (topo->scarce): the measured rules for shared memory (pull)
+     * and tcp; with a CPU each, the model and the rules for every host */
+    {
+        static const struct {
+            xccl_coll_t coll;
+            size_t      nbytes;
+            const char *shm_scarce, *tcp_scarce;
+        } cases[] = {
+            {XCCL_COLL_ALLREDUCE, 8, "direct", NULL},
+            {XCCL_COLL_ALLREDUCE, (64 << 10) - 4, "direct", NULL},
+            {XCCL_COLL_ALLREDUCE, 64 << 10, "owner", "owner"},
+            {XCCL_COLL_ALLREDUCE, 256 << 10, "owner", "owner"},
+            {XCCL_COLL_ALLREDUCE, (256 << 10) + 4, "owner", NULL},
+            {XCCL_COLL_ALLREDUCE, (1 << 20) - 4, "owner", NULL},
+            {XCCL_COLL_ALLREDUCE, 1 << 20, "ring", NULL},
+            {XCCL_COLL_ALLREDUCE, (16 << 20) - 4, "ring", NULL},
+            {XCCL_COLL_ALLREDUCE, 16 << 20, "owner", "owner"},
+            {XCCL_COLL_BROADCAST, (2 << 20) - 4, "linear", NULL},
+            {XCCL_COLL_BROADCAST, 2 << 20, "linear", "scatter_allgather"},
+            {XCCL_COLL_BROADCAST, 256 << 20, "linear", "scatter_allgather"},
+        };
+        for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+            const char *shm       = sel_node(cases[i].coll, 4, cases[i].nbytes, 1, 1, NULL);
+            const char *tcp       = sel_node(cases[i].coll, 4, cases[i].nbytes, 0, 1, NULL);
+            const char *tcp_model = sel_node(cases[i].coll, 4, cases[i].nbytes, 0, 0, NULL);
+            CHECK_MSG(strcmp(shm, cases[i].shm_scarce) == 0, "%s %zu B shm scarce: %s",
+                      xccl_coll_name(cases[i].coll), cases[i].nbytes, shm);
+            /* tcp without a rule of its own gets what a CPU per rank gets */
+            CHECK_MSG(strcmp(tcp, cases[i].tcp_scarce ? cases[i].tcp_scarce : tcp_model) == 0,
+                      "%s %zu B tcp scarce: %s (model %s)", xccl_coll_name(cases[i].coll),
+                      cases[i].nbytes, tcp, tcp_model);
+        }
+        /* a CPU per rank: none of the scarce rules, so below the other rules' sizes the
+         * model's choice */
+        for (size_t n = 8; n < (size_t)16 << 20; n *= 4) {
+            for (int pull = 0; pull <= 1; pull++) {
+                const char *got  = sel_node(XCCL_COLL_ALLREDUCE, 4, n, pull, 0, NULL);
+                const char *want = sel_node(XCCL_COLL_ALLREDUCE, 4, n, pull, 0, "auto");
+                CHECK_MSG(strcmp(got, want) == 0, "all_reduce %zu B pull %d: %s, model %s", n, pull,
+                          got, want);
+            }
+            CHECK(strcmp(sel_node(XCCL_COLL_BROADCAST, 4, n, 0, 0, NULL),
+                         sel_node(XCCL_COLL_BROADCAST, 4, n, 0, 0, "auto")) == 0);
+        }
+    }
 
     /* forced per call; "auto" means the model */
     SEL_IS("rabenseifner", XCCL_COLL_ALLREDUCE, 8, 64, "rabenseifner");

@@ -35,7 +35,7 @@
 extern "C" {
 #endif
 
-#define XCCL_TRANSPORT_ABI_VERSION 1
+#define XCCL_TRANSPORT_ABI_VERSION 2
 #define XCCL_TP_ADDR_MAX           256 /* bytes of address blob per rank and transport */
 
 /* Wire header of every message (host byte order; peers are assumed to share endianness, which
@@ -67,6 +67,7 @@ typedef struct xccl_peer_info {
     int32_t  pid;
     int32_t  cuda_dev; /* -1 without a GPU                                                   */
     uint64_t ipc_ns;   /* IPC namespace inode: shared memory is usable only when equal       */
+    uint64_t cpus[16]; /* CPUs the process may run on (affinity mask, bit c: CPU c < 1024)   */
 } xccl_peer_info_t;
 
 /* Calls from a transport back into the core. All are made from inside `progress`, `isend`
@@ -100,8 +101,8 @@ typedef struct xccl_tp_init_params {
     const void              *auth_key; /* NULL: no authentication                          */
     size_t                   auth_key_len;
     const xccl_tp_upcalls_t *up;
-    /* this host runs more ranks of the job than this process has CPUs (the core counts them
-     * from `peers` and its affinity mask): a transport may trade copies for CPU time */
+    /* this host runs more ranks of the job than the CPUs they may run on together (the core
+     * counts both from `peers`): a transport may trade copies for CPU time */
     int                      cpus_scarce;
 } xccl_tp_init_params_t;
 
