@@ -74,40 +74,31 @@ static const xccl_cost_model_t default_model = {20e-6, 1.0 / 2.0e9, 1.0 / 4.0e9}
  * time keeps a single stream in the caches (2 MiB: shm 556 vs 439 us, tcp 875 vs 739 us; 4
  * and 16 MiB tied on shm, 1.1x for pairwise on tcp).
  * When ranks outnumber the CPUs of their node (topo->scarce), a step often waits until its
- * receiver is scheduled, and what runs fastest changes again. Measured with 4 ranks on 2
- * vCPUs (torch buffers, each algorithm forced, best of 2; times in us, model's pick second):
- *   all_reduce shm  8 B-32 KiB  direct 7.0 / 9.5 / 17.8 / 30.0 at 8 B / 4 / 16 / 32 KiB,
- *                               against 8.0 / 13.3 / 36.3 / 39.7
- *                   64-512 KiB  owner 50 / 78 / 89 / 154 at 64 / 128 / 256 / 512 KiB,
- *                               rabenseifner 72 / 109 / 137 / 210
- *                   1-8 MiB     ring 328 / 717 / 2143 / 3868 at 1 / 2 / 4 / 8 MiB,
- *                               rabenseifner 376 / 870 / 2224 / 5585
- *   all_reduce tcp  64-256 KiB  owner 164 / 231 / 306, rabenseifner 194 / 257 / 335; below
- *                   and above no algorithm led by a margin the noise did not cover
- *   broadcast tcp   from 2 MiB  scatter_allgather 1183 / 2446 / 13003 at 2 / 4 / 16 MiB,
- *                               the model's chain 1511 / 3089 / 18590 (at 64 and 256 MiB
- *                               1.03-1.19x); below 2 MiB chain and binomial led
- * With a CPU per rank the model's choices stood (the rules above were measured there too).
+ * receiver is scheduled, and what runs fastest on shared memory changes again: with 4 ranks
+ * on 2 vCPUs (torch buffers, 13 launches of each, interleaved; medians in us, the model's
+ * rabenseifner second) direct below 64 KiB (16 KiB 43 vs 54), owner from 64 KiB to 1 MiB
+ * (64 KiB 77 vs 97, 256 KiB 150 vs 177), ring from 1 to 16 MiB (1 MiB 436 vs 491, 4 MiB 1912
+ * vs 2655, 8 MiB 5561 vs 6429); their best launches led by as much or more. The same rules
+ * over tcp did not hold in medians of 8 launches (owner at 64 KiB 0.72x, at 256 KiB 1.15x
+ * within a +-12% spread; scatter_allgather broadcast from 2 MiB 0.95-0.98x), so tcp keeps
+ * the model. With a CPU per rank the model's choices stood.
  * Applied after $XCCL_ALGO (whose rules win) unless "auto" (per call or by a rule) asks for
  * the model itself, and only to groups on one node: across hosts nothing was measured. The
  * first rule that matches wins. */
-enum { ANY = 0, ONLY = 1, NOT = -1 };
 static const struct builtin_rule {
     xccl_coll_t coll;
     size_t      lo, hi; /* inclusive byte range */
-    int         pull;   /* receivers pull (topo->pull): ONLY, NOT or ANY */
-    int         scarce; /* ONLY: where ranks outnumber CPUs (topo->scarce); ANY */
+    int         pull;   /* only where receivers pull (topo->pull) */
+    int         scarce; /* only where ranks outnumber CPUs (topo->scarce) */
     const char *algo;
 } builtin_rules[] = {
-    {XCCL_COLL_ALLREDUCE, 0, (64 << 10) - 1, ONLY, ONLY, "direct"},
-    {XCCL_COLL_ALLREDUCE, 64 << 10, 256 << 10, ANY, ONLY, "owner"},
-    {XCCL_COLL_ALLREDUCE, 64 << 10, (1 << 20) - 1, ONLY, ONLY, "owner"},
-    {XCCL_COLL_ALLREDUCE, 1 << 20, (16 << 20) - 1, ONLY, ONLY, "ring"},
-    {XCCL_COLL_ALLREDUCE, 16 << 20, SIZE_MAX, ANY, ANY, "owner"},
-    {XCCL_COLL_REDUCE_SCATTER, 16 << 20, SIZE_MAX, ANY, ANY, "owner"},
-    {XCCL_COLL_BROADCAST, 1 << 20, SIZE_MAX, ONLY, ANY, "linear"},
-    {XCCL_COLL_BROADCAST, 2 << 20, SIZE_MAX, NOT, ONLY, "scatter_allgather"},
-    {XCCL_COLL_ALLTOALL, 2 << 20, SIZE_MAX, ANY, ANY, "pairwise"},
+    {XCCL_COLL_ALLREDUCE, 0, (64 << 10) - 1, 1, 1, "direct"},
+    {XCCL_COLL_ALLREDUCE, 64 << 10, (1 << 20) - 1, 1, 1, "owner"},
+    {XCCL_COLL_ALLREDUCE, 1 << 20, (16 << 20) - 1, 1, 1, "ring"},
+    {XCCL_COLL_ALLREDUCE, 16 << 20, SIZE_MAX, 0, 0, "owner"},
+    {XCCL_COLL_REDUCE_SCATTER, 16 << 20, SIZE_MAX, 0, 0, "owner"},
+    {XCCL_COLL_BROADCAST, 1 << 20, SIZE_MAX, 1, 0, "linear"},
+    {XCCL_COLL_ALLTOALL, 2 << 20, SIZE_MAX, 0, 0, "pairwise"},
 };
 
 /* Internal, for tests (not in algo.h): the next selection reads $XCCL_ALGO again. */
@@ -323,13 +314,11 @@ xccl_status_t xccl_algo_select(const xccl_coll_args_t *args, int size, size_t nb
     for (size_t i = 0; !found && !model_only && one_node && size > 1 &&
                        i < sizeof(builtin_rules) / sizeof(builtin_rules[0]);
          i++) {
-        const struct builtin_rule *b      = &builtin_rules[i];
-        const int                  pull   = args->topo != NULL && args->topo->pull;
-        const int                  scarce = args->topo != NULL && args->topo->scarce;
+        const struct builtin_rule *b = &builtin_rules[i];
         const xccl_algo_t         *a;
         if (b->coll != args->coll || nbytes < b->lo || nbytes > b->hi) continue;
-        if ((b->pull == ONLY && !pull) || (b->pull == NOT && pull)) continue;
-        if (b->scarce == ONLY && !scarce) continue;
+        if (b->pull && (args->topo == NULL || !args->topo->pull)) continue;
+        if (b->scarce && (args->topo == NULL || !args->topo->scarce)) continue;
         a = xccl_algo_find(args->coll, b->algo); /* by name only once a rule applies */
         if (a == NULL || (a->applicable != NULL && !a->applicable(args, size))) continue;
         *out = a;

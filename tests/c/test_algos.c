@@ -1105,38 +1105,29 @@ static void test_select(void)
     SEL_IS("linear", XCCL_COLL_ALLTOALL, 4, 64 << 20, "auto");
     SEL_IS("linear", XCCL_COLL_ALLTOALLV, 4, 64 << 20, NULL);
 
-    /* ranks outnumbering CPUs (topo->scarce): the measured rules for shared memory (pull)
-     * and tcp; with a CPU each, the model and the rules for every host */
+    /* ranks outnumbering CPUs (topo->scarce): the measured rules for shared memory (pull);
+     * tcp keeps the model's choices */
     {
         static const struct {
-            xccl_coll_t coll;
             size_t      nbytes;
-            const char *shm_scarce, *tcp_scarce;
+            const char *want;
         } cases[] = {
-            {XCCL_COLL_ALLREDUCE, 8, "direct", NULL},
-            {XCCL_COLL_ALLREDUCE, (64 << 10) - 4, "direct", NULL},
-            {XCCL_COLL_ALLREDUCE, 64 << 10, "owner", "owner"},
-            {XCCL_COLL_ALLREDUCE, 256 << 10, "owner", "owner"},
-            {XCCL_COLL_ALLREDUCE, (256 << 10) + 4, "owner", NULL},
-            {XCCL_COLL_ALLREDUCE, (1 << 20) - 4, "owner", NULL},
-            {XCCL_COLL_ALLREDUCE, 1 << 20, "ring", NULL},
-            {XCCL_COLL_ALLREDUCE, (16 << 20) - 4, "ring", NULL},
-            {XCCL_COLL_ALLREDUCE, 16 << 20, "owner", "owner"},
-            {XCCL_COLL_BROADCAST, (2 << 20) - 4, "linear", NULL},
-            {XCCL_COLL_BROADCAST, 2 << 20, "linear", "scatter_allgather"},
-            {XCCL_COLL_BROADCAST, 256 << 20, "linear", "scatter_allgather"},
+            {8, "direct"},       {(64 << 10) - 4, "direct"},
+            {64 << 10, "owner"}, {(1 << 20) - 4, "owner"},
+            {1 << 20, "ring"},   {(16 << 20) - 4, "ring"},
+            {16 << 20, "owner"},
         };
         for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-            const char *shm       = sel_node(cases[i].coll, 4, cases[i].nbytes, 1, 1, NULL);
-            const char *tcp       = sel_node(cases[i].coll, 4, cases[i].nbytes, 0, 1, NULL);
-            const char *tcp_model = sel_node(cases[i].coll, 4, cases[i].nbytes, 0, 0, NULL);
-            CHECK_MSG(strcmp(shm, cases[i].shm_scarce) == 0, "%s %zu B shm scarce: %s",
-                      xccl_coll_name(cases[i].coll), cases[i].nbytes, shm);
-            /* tcp without a rule of its own gets what a CPU per rank gets */
-            CHECK_MSG(strcmp(tcp, cases[i].tcp_scarce ? cases[i].tcp_scarce : tcp_model) == 0,
-                      "%s %zu B tcp scarce: %s (model %s)", xccl_coll_name(cases[i].coll),
-                      cases[i].nbytes, tcp, tcp_model);
+            const size_t n        = cases[i].nbytes;
+            const char  *shm      = sel_node(XCCL_COLL_ALLREDUCE, 4, n, 1, 1, NULL);
+            const char  *tcp      = sel_node(XCCL_COLL_ALLREDUCE, 4, n, 0, 1, NULL);
+            const char  *tcp_cpus = sel_node(XCCL_COLL_ALLREDUCE, 4, n, 0, 0, NULL);
+            CHECK_MSG(strcmp(shm, cases[i].want) == 0, "all_reduce %zu B shm scarce: %s", n, shm);
+            CHECK_MSG(strcmp(tcp, tcp_cpus) == 0, "all_reduce %zu B tcp scarce: %s, not %s", n, tcp,
+                      tcp_cpus);
         }
+        CHECK(strcmp(sel_node(XCCL_COLL_BROADCAST, 4, 4 << 20, 0, 1, NULL),
+                     sel_node(XCCL_COLL_BROADCAST, 4, 4 << 20, 0, 0, NULL)) == 0);
         /* a CPU per rank: none of the scarce rules, so below the other rules' sizes the
          * model's choice */
         for (size_t n = 8; n < (size_t)16 << 20; n *= 4) {
