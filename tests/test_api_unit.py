@@ -501,12 +501,22 @@ def test_fronts_take_the_common_call_and_pass_the_rest_on(world):
         assert front(a) == "python" and len(calls) == 1
     finally:
         _collectives._group._publish_fast_default(pg)
+    sum_args = (dist.ReduceOp.SUM, _C.OPS["sum"])
     with pytest.raises(ValueError, match="one-call method"):
-        _C.Front(all_reduce, "allreduce", "0bnfn", True)
+        _C.Front(all_reduce, "allreduce", "0bnfn", True, *sum_args)
     with pytest.raises(ValueError, match="5 parameters"):
-        _C.Front(all_reduce, "allreduce_now", "0bnf", True)
+        _C.Front(all_reduce, "allreduce_now", "0bnf", True, *sum_args)
     with pytest.raises(ValueError, match="role 'x'"):
-        _C.Front(all_reduce, "allreduce_now", "0bnfx", True)
+        _C.Front(all_reduce, "allreduce_now", "0bnfx", True, *sum_args)
+    with pytest.raises(ValueError, match="argument 0 2 times"):
+        _C.Front(all_reduce, "allreduce_now", "0b0fn", True, dist.ReduceOp.SUM, 0)
+    with pytest.raises(ValueError, match="no sum"):
+        _C.Front(all_reduce, "allreduce_now", "0bnfn", True)
+    import copy
+    import pickle
+
+    assert pickle.loads(pickle.dumps(dist.all_reduce)) is dist.all_reduce
+    assert copy.deepcopy(dist.recv) is dist.recv
     dist.destroy_process_group()
     with pytest.raises(ValueError, match="has not been initialized"):
         dist.all_reduce(a)

@@ -184,12 +184,26 @@ static PyObject *front_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     }
     memcpy(f->spec, spec, (size_t)f->nparams);
     for (int i = 0; i < f->nparams; i++) {
+        if (spec[i] >= 'a' && spec[i] <= 'd' && sum == Py_None) {
+            PyErr_Format(PyExc_ValueError, "Front: spec '%s' has an operator but no sum", spec);
+            goto fail;
+        }
         char r      = spec[i];
         f->names[i] = Py_NewRef(PyTuple_GET_ITEM(varnames, i));
         if (r >= '0' && r <= '3' && r - '0' + 1 > f->nargs) f->nargs = r - '0' + 1;
         if (r >= 'a' && r <= 'd' && r - 'a' + 1 > f->nargs) f->nargs = r - 'a' + 1;
         if (strchr("0123abcdnfe", r) == NULL) {
             PyErr_Format(PyExc_ValueError, "Front: unknown role '%c' in spec '%s'", r, spec);
+            goto fail;
+        }
+    }
+    for (int k = 0; k < f->nargs; k++) { /* every argument of the method given, once */
+        int n = 0;
+        for (int i = 0; i < f->nparams; i++)
+            n += spec[i] == '0' + k || spec[i] == 'a' + k;
+        if (n != 1) {
+            PyErr_Format(PyExc_ValueError, "Front: spec '%s' gives argument %d %d times", spec, k,
+                         n);
             goto fail;
         }
     }
@@ -261,6 +275,18 @@ static PyObject *front_get(PyObject *self, PyObject *obj, PyObject *type)
     return obj == NULL || obj == Py_None ? Py_NewRef(self) : PyMethod_New(self, obj);
 }
 
+/* Pickled (and copied) by reference, as the function it fronts is. */
+static PyObject *front_reduce(front_t *f, PyObject *unused)
+{
+    (void)unused;
+    return PyObject_GetAttrString(f->impl, "__qualname__");
+}
+
+static PyMethodDef front_methods[] = {
+    {"__reduce__", (PyCFunction)front_reduce, METH_NOARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
 static PyObject *front_repr(front_t *f)
 {
     return PyUnicode_FromFormat("<xccl front of %R>", f->impl);
@@ -290,6 +316,7 @@ static PyType_Slot front_slots[] = {
     {Py_tp_repr, front_repr},
     {Py_tp_members, front_members},
     {Py_tp_getset, front_getset},
+    {Py_tp_methods, front_methods},
     {0, NULL},
 };
 
