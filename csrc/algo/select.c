@@ -68,11 +68,10 @@ static const xccl_cost_model_t default_model = {20e-6, 1.0 / 2.0e9, 1.0 / 4.0e9}
  * copy from the sender's memory themselves (cross-memory attach: topo->pull) a linear
  * broadcast is n-1 copies in parallel in one round: np=4 on 2 vCPUs, 64 MiB, 3.5 GB/s busbw
  * against 1.2 for binomial and 1.0 for scatter_allgather, and ahead from 1-4 MiB.
- * An all-to-all posted all at once (linear) costs the model the same bytes as pairwise in one
- * round, so it wins everywhere there; measured at np=4 (2 vCPUs, torch buffers, best of 2) it
- * led up to 1 MiB (shm 1.4-2.4x, tcp 1.1-2.2x) and lost from 2 MiB, where one exchange at a
- * time keeps a single stream in the caches (2 MiB: shm 556 vs 439 us, tcp 875 vs 739 us; 4
- * and 16 MiB tied on shm, 1.1x for pairwise on tcp).
+ * (No rule for all_to_all: the model's linear, every exchange posted at once, led pairwise in
+ * medians of 5 launches at np=4 on 2 vCPUs from 2 to 64 MiB - shm 1.25/1.10/1.06/1.19x at
+ * 2/4/16/64 MiB, tied at 256 MiB; tcp 1.31x at 2 MiB, 0.96-1.08x above - where a pairwise
+ * rule once rested on a best-of-2 measurement, and up to 1 MiB by 1.1-2.4x.)
  * When ranks outnumber the CPUs of their node (topo->scarce), a step often waits until its
  * receiver is scheduled, and what runs fastest on shared memory changes again: with 4 ranks
  * on 2 vCPUs (torch buffers, 13 launches of each, interleaved; medians in us, the model's
@@ -98,7 +97,6 @@ static const struct builtin_rule {
     {XCCL_COLL_ALLREDUCE, 16 << 20, SIZE_MAX, 0, 0, "owner"},
     {XCCL_COLL_REDUCE_SCATTER, 16 << 20, SIZE_MAX, 0, 0, "owner"},
     {XCCL_COLL_BROADCAST, 1 << 20, SIZE_MAX, 1, 0, "linear"},
-    {XCCL_COLL_ALLTOALL, 2 << 20, SIZE_MAX, 0, 0, "pairwise"},
 };
 
 /* Internal, for tests (not in algo.h): the next selection reads $XCCL_ALGO again. */

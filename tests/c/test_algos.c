@@ -1097,11 +1097,10 @@ static void test_select(void)
     SEL_IS("direct", XCCL_COLL_ALLGATHER, 12, 64 << 20, NULL);
     SEL_IS("ring", XCCL_COLL_REDUCE_SCATTER, 12, 64 << 20, "auto");
     SEL_IS("owner", XCCL_COLL_REDUCE_SCATTER, 12, 64 << 20, NULL);
-    /* all_to_all: the model posts every exchange at once; from 2 MiB on one host the
-     * built-in rule keeps one exchange at a time */
+    /* all_to_all: the model posts every exchange at once, at every size (no rule) */
     SEL_IS("linear", XCCL_COLL_ALLTOALL, 4, 64 << 10, NULL);
-    SEL_IS("linear", XCCL_COLL_ALLTOALL, 8, (2 << 20) - 1, NULL);
-    SEL_IS("pairwise", XCCL_COLL_ALLTOALL, 4, 2 << 20, NULL);
+    SEL_IS("linear", XCCL_COLL_ALLTOALL, 8, 2 << 20, NULL);
+    SEL_IS("linear", XCCL_COLL_ALLTOALL, 4, 64 << 20, NULL);
     SEL_IS("linear", XCCL_COLL_ALLTOALL, 4, 64 << 20, "auto");
     SEL_IS("linear", XCCL_COLL_ALLTOALLV, 4, 64 << 20, NULL);
 
