@@ -374,12 +374,14 @@ static int register_atexit(PyObject *m)
 static int mod_exec(PyObject *m)
 {
     xccl_py_state_t *state = PyModule_GetState(m);
+    PyTypeObject    *front;
 
     if (add_errors(m, state) < 0) return -1;
     if ((state->store_type = add_type(m, &xccl_py_store_spec)) == NULL) return -1;
     if ((state->comm_type = add_type(m, &xccl_py_comm_spec)) == NULL) return -1;
     if ((state->work_type = add_type(m, &xccl_py_work_spec)) == NULL) return -1;
-    if ((state->front_type = add_type(m, &xccl_py_front_spec)) == NULL) return -1;
+    if ((front = add_type(m, &xccl_py_front_spec)) == NULL) return -1;
+    Py_DECREF(front); /* the module holds it; nothing in C needs it */
     if (add_constants(m) < 0) return -1;
     return register_atexit(m);
 }
@@ -397,7 +399,6 @@ static int mod_traverse(PyObject *m, visitproc visit, void *arg)
     Py_VISIT(state->XcclConnectionError);
     Py_VISIT(state->XcclMismatchError);
     Py_VISIT(state->XcclAuthError);
-    Py_VISIT(state->front_type);
     Py_VISIT(state->fast_comm);
     Py_VISIT(state->fast_timeout);
     return 0;
@@ -416,7 +417,6 @@ static int mod_clear(PyObject *m)
     Py_CLEAR(state->XcclConnectionError);
     Py_CLEAR(state->XcclMismatchError);
     Py_CLEAR(state->XcclAuthError);
-    Py_CLEAR(state->front_type);
     Py_CLEAR(state->fast_comm);
     Py_CLEAR(state->fast_timeout);
     return 0;

@@ -50,17 +50,27 @@ typedef struct front {
     vectorcallfunc vectorcall;
 } front_t;
 
+/* The method argument role `r` fills ('0'..'3', or 'a'..'d' for an operator), else -1. */
+static int role_slot(char r)
+{
+    if (r >= '0' && r <= '3') return r - '0';
+    if (r >= 'a' && r <= 'd') return r - 'a';
+    return -1;
+}
+
 /* Checks `v` against role `r` and stores what the method gets into out[]; 0: not the common
  * call. */
 static int bind_one(const front_t *f, char r, PyObject *v, PyObject **out)
 {
-    if (r >= '0' && r <= '3') {
-        out[r - '0'] = v;
+    int k = role_slot(r);
+
+    if (k >= 0 && r >= 'a') { /* an operator: only SUM, passed as the engine's */
+        if (v != f->sum) return 0;
+        out[k] = f->c_sum;
         return 1;
     }
-    if (r >= 'a' && r <= 'd') {
-        if (v != f->sum) return 0;
-        out[r - 'a'] = f->c_sum;
+    if (k >= 0) {
+        out[k] = v;
         return 1;
     }
     if (r == 'n') return v == Py_None;
@@ -150,7 +160,7 @@ static PyObject *front_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     PyObject    *impl, *sum = Py_None, *c_sum = Py_None, *code = NULL, *varnames = NULL;
     PyObject    *defs = NULL, *kwdefs = NULL;
     const char  *method, *spec;
-    int          timeout, argc = 0, kwonly = 0, ndefs;
+    int          timeout, argc = 0, kwonly = 0, ndefs, uses[FRONT_MAX_ARGS] = {0};
     front_t     *f;
 
     if (!PyArg_ParseTupleAndKeywords(args, kw, "Ossp|OO:Front", kwlist, &impl, &method, &spec,
@@ -184,26 +194,24 @@ static PyObject *front_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     }
     memcpy(f->spec, spec, (size_t)f->nparams);
     for (int i = 0; i < f->nparams; i++) {
-        if (spec[i] >= 'a' && spec[i] <= 'd' && sum == Py_None) {
+        int k = role_slot(spec[i]);
+
+        f->names[i] = Py_NewRef(PyTuple_GET_ITEM(varnames, i));
+        if (k < 0 && strchr("nfe", spec[i]) == NULL) {
+            PyErr_Format(PyExc_ValueError, "Front: unknown role '%c' in spec '%s'", spec[i], spec);
+            goto fail;
+        }
+        if (k >= 0 && spec[i] >= 'a' && sum == Py_None) {
             PyErr_Format(PyExc_ValueError, "Front: spec '%s' has an operator but no sum", spec);
             goto fail;
         }
-        char r      = spec[i];
-        f->names[i] = Py_NewRef(PyTuple_GET_ITEM(varnames, i));
-        if (r >= '0' && r <= '3' && r - '0' + 1 > f->nargs) f->nargs = r - '0' + 1;
-        if (r >= 'a' && r <= 'd' && r - 'a' + 1 > f->nargs) f->nargs = r - 'a' + 1;
-        if (strchr("0123abcdnfe", r) == NULL) {
-            PyErr_Format(PyExc_ValueError, "Front: unknown role '%c' in spec '%s'", r, spec);
-            goto fail;
-        }
+        if (k >= 0) uses[k]++;
+        if (k + 1 > f->nargs) f->nargs = k + 1;
     }
     for (int k = 0; k < f->nargs; k++) { /* every argument of the method given, once */
-        int n = 0;
-        for (int i = 0; i < f->nparams; i++)
-            n += spec[i] == '0' + k || spec[i] == 'a' + k;
-        if (n != 1) {
+        if (uses[k] != 1) {
             PyErr_Format(PyExc_ValueError, "Front: spec '%s' gives argument %d %d times", spec, k,
-                         n);
+                         uses[k]);
             goto fail;
         }
     }

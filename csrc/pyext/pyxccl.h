@@ -28,7 +28,6 @@ typedef struct xccl_py_state {
     PyObject     *XcclConnectionError;
     PyObject     *XcclMismatchError;
     PyObject     *XcclAuthError;
-    PyTypeObject *front_type;
     PyObject     *fast_comm;    /* the default group's Comm for the fronts (py_front.c)  */
     PyObject     *fast_timeout; /* and its timeout argument                              */
 } xccl_py_state_t;
