@@ -81,11 +81,11 @@ static const xccl_cost_model_t default_model = {20e-6, 1.0 / 2.0e9, 1.0 / 4.0e9}
  * not applied: with ring every rank always has a cross-memory-attach send in flight to its
  * neighbour, and a rank whose operation fails (a peer died) drops that pair, so the
  * neighbour reports the drop before the failure notice that names the dead rank
- * (test_shm.py::test_killed_rank_mid_cma_all_reduce failed so under CI load) - to be fixed in
- * the transport first. The same rules
- * over tcp did not hold in medians of 8 launches (owner at 64 KiB 0.72x, at 256 KiB 1.15x
- * within a +-12% spread; scatter_allgather broadcast from 2 MiB 0.95-0.98x), so tcp keeps
- * the model. With a CPU per rank the model's choices stood.
+ * (test_shm.py::test_killed_rank_mid_cma_all_reduce failed so under CI load); that is to be
+ * fixed in the transport first. The same rules over tcp did not hold in medians of 8
+ * launches (owner at 64 KiB 0.72x, at 256 KiB 1.15x within a +-12% spread; scatter_allgather
+ * broadcast from 2 MiB 0.95-0.98x), so tcp keeps the model. With a CPU per rank the model's
+ * choices stood.
  * Applied after $XCCL_ALGO (whose rules win) unless "auto" (per call or by a rule) asks for
  * the model itself, and only to groups on one node: across hosts nothing was measured. The
  * first rule that matches wins. */
