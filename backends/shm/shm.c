@@ -371,9 +371,10 @@ static void shm_fail_peer(xccl_tp_ctx_t *ctx, int peer, xccl_status_t st, uint32
     if (atomic_load(&p->state) != SHM_P_UP) return;
     atomic_store(&p->state, SHM_P_DEAD);
     XCCL_INFO("shm: rank %d: %s", ctx->rank, why);
-    if (mark != SHM_OPEN && p->out.ctl != NULL) {
-        uint32_t open = SHM_OPEN;
-        atomic_compare_exchange_strong(&p->out.ctl->closed, &open, mark);
+    if (mark != SHM_OPEN && p->out.ctl != NULL &&
+        atomic_load(&p->out.ctl->closed) == SHM_OPEN) { /* we are its only writer */
+        if (mark == SHM_DROPPED) snprintf(p->out.ctl->why, sizeof(p->out.ctl->why), "%s", why);
+        atomic_store(&p->out.ctl->closed, mark);
         atomic_store(&p->out.ctl->prod_wants, 0);
         shm_bell(p->seg);
     }
@@ -826,7 +827,8 @@ static void shm_check_liveness(xccl_tp_ctx_t *ctx, int *nev)
  * first, so that operations fail naming the cause rather than the messenger. */
 static void shm_peer_closed(xccl_tp_ctx_t *ctx, int peer, uint32_t how, int *nev)
 {
-    char why[160];
+    shm_peer_t *p = &ctx->peers[peer];
+    char        told[SHM_WHY_LEN], why[SHM_WHY_LEN + 96];
 
     if (how != SHM_FINALIZED) {
         shm_check_liveness(ctx, nev);
@@ -835,12 +837,15 @@ static void shm_peer_closed(xccl_tp_ctx_t *ctx, int peer, uint32_t how, int *nev
 
     shm_reap_cma(ctx, peer, nev); /* cma_done is final: what it pulled before closing is done */
     shm_consume(ctx, peer, 1, nev);
-    if (how == SHM_FINALIZED)
+    if (how == SHM_FINALIZED) {
         snprintf(why, sizeof(why), "rank %d (pid %d) closed its shared-memory transport", peer,
-                 (int)ctx->peers[peer].pid);
-    else
-        snprintf(why, sizeof(why), "rank %d (pid %d) dropped its connection to us", peer,
-                 (int)ctx->peers[peer].pid);
+                 (int)p->pid);
+    } else {
+        memcpy(told, p->in.ctl->why, sizeof(told)); /* another process wrote it: bound it */
+        told[sizeof(told) - 1] = '\0';
+        snprintf(why, sizeof(why), "rank %d (pid %d) dropped its connection to us%s%s", peer,
+                 (int)p->pid, told[0] ? ": " : "", told);
+    }
     shm_fail_peer(ctx, peer, XCCL_ERR_REMOTE, SHM_OPEN, why);
 }
 

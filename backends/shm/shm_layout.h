@@ -41,14 +41,15 @@
 
 #include "xccl/xccl_transport.h"
 
-#define SHM_VERSION    1
-#define SHM_SEG_MAGIC  0x314d48534c434358ull /* "XCCLSHM1" as a little-endian uint64 */
+#define SHM_VERSION    2
+#define SHM_SEG_MAGIC  0x324d48534c434358ull /* "XCCLSHM2" as a little-endian uint64 */
 #define SHM_ADDR_MAGIC "XSHA"
 #define SHM_NAME_MAX   64
 #define SHM_LINE       64
 #define SHM_SLOT       64  /* record alignment and slot size                              */
 #define SHM_INLINE_MAX 24  /* payload bytes carried inside an INLINE slot                 */
-#define SHM_CTL_BYTES  256 /* shm_ring_ctl_t, padded; the ring's data follows            */
+#define SHM_CTL_BYTES  512 /* shm_ring_ctl_t, padded; the ring's data follows            */
+#define SHM_WHY_LEN    320 /* shm_ring_ctl_t.why                                          */
 #define SHM_NAME_PREFIX "xccl-"
 
 /* Address blob (SHM_ADDR_LEN bytes). */
@@ -90,6 +91,11 @@ typedef struct shm_ring_ctl {
     _Alignas(SHM_LINE) _Atomic uint32_t closed; /* SHM_OPEN / SHM_FINALIZED / SHM_DROPPED */
     _Atomic uint32_t cma;      /* SHM_CMA_*: may the producer send CMA records           */
     _Atomic uint32_t attached; /* the producer has mapped this segment                    */
+    /* lines 3-7: why the producer dropped the pair (SHM_DROPPED), NUL-terminated; written
+     * once, before `closed` is set (seq_cst), and read only after `closed` was seen (acquire),
+     * so a rank that gives up on an operation because a third rank died can name that rank
+     * to the peers it drops even while a record of theirs sits unread in the ring */
+    _Alignas(SHM_LINE) char why[SHM_WHY_LEN];
 } shm_ring_ctl_t;
 
 typedef struct shm_seg_hdr {
