@@ -77,15 +77,13 @@ static const xccl_cost_model_t default_model = {20e-6, 1.0 / 2.0e9, 1.0 / 4.0e9}
  * on 2 vCPUs (torch buffers, 13 launches of each, interleaved; medians in us, the model's
  * rabenseifner second) direct below 64 KiB (16 KiB 43 vs 54), owner from 64 KiB to 1 MiB
  * (64 KiB 77 vs 97, 256 KiB 150 vs 177), ring from 1 to 16 MiB (1 MiB 436 vs 491, 4 MiB 1912
- * vs 2655, 8 MiB 5561 vs 6429); their best launches led by as much or more. The ring rule is
- * not applied: with ring every rank always has a cross-memory-attach send in flight to its
- * neighbour, and a rank whose operation fails (a peer died) drops that pair, so the
- * neighbour reports the drop before the failure notice that names the dead rank
- * (test_shm.py::test_killed_rank_mid_cma_all_reduce failed so under CI load); that is to be
- * fixed in the transport first. The same rules over tcp did not hold in medians of 8
- * launches (owner at 64 KiB 0.72x, at 256 KiB 1.15x within a +-12% spread; scatter_allgather
- * broadcast from 2 MiB 0.95-0.98x), so tcp keeps the model. With a CPU per rank the model's
- * choices stood.
+ * vs 2655, 8 MiB 5561 vs 6429); their best launches led by as much or more. (With ring every
+ * rank always has a cross-memory-attach send in flight to its neighbour, which a rank whose
+ * operation fails drops; the shared-memory transport hands the dropping rank's reason to the
+ * neighbour with the drop, so every survivor still names the rank that died.) The same rules
+ * over tcp did not hold in medians of 8 launches (owner at 64 KiB 0.72x, at 256 KiB 1.15x
+ * within a +-12% spread; scatter_allgather broadcast from 2 MiB 0.95-0.98x), so tcp keeps the
+ * model. With a CPU per rank the model's choices stood.
  * Applied after $XCCL_ALGO (whose rules win) unless "auto" (per call or by a rule) asks for
  * the model itself, and only to groups on one node: across hosts nothing was measured. The
  * first rule that matches wins. */
@@ -98,6 +96,7 @@ static const struct builtin_rule {
 } builtin_rules[] = {
     {XCCL_COLL_ALLREDUCE, 0, (64 << 10) - 1, 1, 1, "direct"},
     {XCCL_COLL_ALLREDUCE, 64 << 10, (1 << 20) - 1, 1, 1, "owner"},
+    {XCCL_COLL_ALLREDUCE, 1 << 20, (16 << 20) - 1, 1, 1, "ring"},
     {XCCL_COLL_ALLREDUCE, 16 << 20, SIZE_MAX, 0, 0, "owner"},
     {XCCL_COLL_REDUCE_SCATTER, 16 << 20, SIZE_MAX, 0, 0, "owner"},
     {XCCL_COLL_BROADCAST, 1 << 20, SIZE_MAX, 1, 0, "linear"},
