@@ -52,7 +52,9 @@
  *   watched through the OFD lock it holds on its segment file instead, and CMA stays off.
  *   A peer found dead also has its segment name unlinked, in case it died before doing so.
  *   A peer that closes the pair (finalize, close_peer, a refused message) sets `closed` in the
- *   ring it writes to and rings our bell.
+ *   ring it writes to and rings our bell; one that drops it first writes why into the ring's
+ *   control block, and our failure quotes it (a rank that gives up because a third one died
+ *   names that one even while its notice sits unread behind a record we are pulling).
  *   Either way, complete messages already in the ring are delivered first; then queued and
  *   in-flight sends and the receive in progress fail (XCCL_ERR_REMOTE) and peer_failed runs.
  *
