@@ -2,7 +2,8 @@
  *
  * test_comm.c - end-to-end test of the engine through the public C API only: forked ranks meet
  * through a file store, connect over the real transports and run point-to-point operations and
- * every collective with every algorithm, checked against values computed here.
+ * every collective with every algorithm, checked against values computed here, and operations
+ * whose caller stopped waiting, which the background progress thread must finish.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -213,13 +214,71 @@ static void test_mismatch(xccl_comm_t *c, int rank, int size)
         if (xccl_store_file_create(store_path, size, 20000, &store) == XCCL_OK) {
             const char *key = "mismatch-done";
             CHECK(xccl_store_add(store, key, 1, &v) == XCCL_OK);
-            while (v < size) {
+            for (int k = 0; v < size && k < 30000; k++) { /* 30 s: a failed peer never comes */
                 usleep(1000);
                 CHECK(xccl_store_add(store, key, 0, &v) == XCCL_OK);
             }
+            CHECK_MSG(v >= size, "rank %d: only %lld of %d ranks finished the mismatch test", rank,
+                      (long long)v, size);
             xccl_store_release(store);
         }
     }
+}
+
+/* Rank 0 waits briefly for operations its peers start only later, then stops driving them:
+ * the background progress thread must finish them (it picks such Works up at its tick). */
+static void test_background(xccl_comm_t *c, int rank, int size)
+{
+    size_t        n = 70001;
+    int32_t      *b = malloc(n * 4), x = -1;
+    xccl_work_t  *wr = NULL, *wa = NULL;
+    xccl_status_t st;
+
+    if (size < 2) {
+        free(b);
+        return;
+    }
+    for (size_t i = 0; i < n; i++)
+        b[i] = val(rank, i);
+    if (rank == 0) {
+        CHECK(xccl_irecv(c, &x, 4, 1, 21, &wr) == XCCL_OK);
+        CHECK(xccl_allreduce(c, b, b, n, XCCL_INT32, XCCL_OP_SUM, NULL, &wa) == XCCL_OK);
+        CHECK(xccl_work_wait_us(wa, 100) == XCCL_INPROGRESS); /* the others start 50 ms late */
+        for (int k = 0; k < 2000; k++) {                      /* up to 2 s; no progress here */
+            if (xccl_work_status(wr) != XCCL_INPROGRESS && xccl_work_status(wa) != XCCL_INPROGRESS)
+                break;
+            usleep(1000);
+        }
+        st = xccl_work_status(wr);
+        CHECK_MSG(st == XCCL_OK && x == 1, "background recv: %s, x = %d", xccl_status_string(st),
+                  (int)x);
+        st = xccl_work_status(wa);
+        CHECK_MSG(st == XCCL_OK, "background all_reduce: %s", xccl_status_string(st));
+        for (size_t i = 0; st == XCCL_OK && i < n; i++) {
+            int64_t want = 0;
+            for (int q = 0; q < size; q++)
+                want += val(q, i);
+            if (b[i] != (int32_t)want) {
+                CHECK_MSG(0, "background all_reduce at %zu: %d, want %lld", i, (int)b[i],
+                          (long long)want);
+                break;
+            }
+        }
+    } else {
+        usleep(50 * 1000);
+        if (rank == 1) {
+            int32_t one = 1;
+            st          = xccl_isend(c, &one, 4, 0, 21, &wr);
+            CHECK(run_wait(st, wr, "background send", rank) == 0);
+            wr = NULL;
+        }
+        st = xccl_allreduce(c, b, b, n, XCCL_INT32, XCCL_OP_SUM, NULL, &wa);
+        CHECK(run_wait(st, wa, "background all_reduce", rank) == 0);
+        wa = NULL;
+    }
+    if (wr != NULL) xccl_work_release(wr);
+    if (wa != NULL) xccl_work_release(wa);
+    free(b);
 }
 
 static int child(int rank, int size)
@@ -240,6 +299,7 @@ static int child(int rank, int size)
             xccl_comm_destroy(sub);
         }
     }
+    test_background(c, rank, size);
     test_mismatch(c, rank, size);
     xccl_comm_destroy(c);
     return ctest_failures != 0;
