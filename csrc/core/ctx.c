@@ -73,7 +73,7 @@ static void local_peer_info(xccl_peer_info_t *pi)
         CPU_ZERO(&set);
         CPU_SET(0, &set); /* unknown: count one CPU */
     }
-    for (int c = 0; c < CPU_SETSIZE && c < 16 * 64; c++)
+    for (int c = 0; c < CPU_SETSIZE && c < XCCL_CPU_WORDS * 64; c++)
         if (CPU_ISSET(c, &set)) pi->cpus[c / 64] |= 1ull << (c % 64);
 }
 
@@ -193,7 +193,7 @@ static xccl_status_t scarce_hosts(xccl_ctx_t *ctx)
     if (ctx->peer_scarce == NULL)
         return XCCL_ERROR(XCCL_ERR_NO_MEMORY, "comm create: out of memory");
     for (int r = 0; r < ctx->size; r++) {
-        uint64_t cpus[16] = {0};
+        uint64_t cpus[XCCL_CPU_WORDS] = {0};
         int      nlocal = 0, ncpus = 0, first = r;
 
         for (int q = 0; q < r && first == r; q++)
@@ -205,10 +205,10 @@ static xccl_status_t scarce_hosts(xccl_ctx_t *ctx)
         for (int q = r; q < ctx->size; q++) {
             if (p[q].host_id != p[r].host_id) continue;
             nlocal++;
-            for (int w = 0; w < 16; w++)
+            for (int w = 0; w < XCCL_CPU_WORDS; w++)
                 cpus[w] |= p[q].cpus[w];
         }
-        for (int w = 0; w < 16; w++)
+        for (int w = 0; w < XCCL_CPU_WORDS; w++)
             ncpus += __builtin_popcountll(cpus[w]);
         ctx->peer_scarce[r] = nlocal > ncpus;
     }

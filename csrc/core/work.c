@@ -377,10 +377,12 @@ xccl_status_t xccl_work_wait_us(xccl_work_t *w, int64_t slice_us)
      * without the GIL), and waking the thread in between cost a 1 MiB tcp broadcast on 2
      * vCPUs 2-3 thread wake-ups per call, paid by the sender's CPU; should it not come back,
      * the thread takes the Work over at its next tick (2 ms), as count_async says. */
-    if (ctx->nwaiters == 0 &&
-        (ctx->stopping || (ctx->nasync > 0 && (atomic_load(&w->status) != XCCL_INPROGRESS ||
-                                               slice_us < 0 || slice_us >= 1000))))
-        pthread_cond_broadcast(&ctx->cond);
+    {
+        int short_slice = slice_us >= 0 && slice_us < 1000;
+        int hand_over =
+            ctx->nasync > 0 && !(short_slice && atomic_load(&w->status) == XCCL_INPROGRESS);
+        if (ctx->nwaiters == 0 && (hand_over || ctx->stopping)) pthread_cond_broadcast(&ctx->cond);
+    }
     pthread_mutex_unlock(&ctx->lock);
     xccl_ctx_run_callbacks(ctx);
     return atomic_load(&w->status);

@@ -37,6 +37,7 @@ extern "C" {
 
 #define XCCL_TRANSPORT_ABI_VERSION 2
 #define XCCL_TP_ADDR_MAX           256 /* bytes of address blob per rank and transport */
+#define XCCL_CPU_WORDS             16  /* xccl_peer_info_t.cpus: CPUs 0..1023           */
 
 /* Wire header of every message (host byte order; peers are assumed to share endianness, which
  * the TCP handshake verifies). 32 bytes. */
@@ -67,7 +68,7 @@ typedef struct xccl_peer_info {
     int32_t  pid;
     int32_t  cuda_dev; /* -1 without a GPU                                                   */
     uint64_t ipc_ns;   /* IPC namespace inode: shared memory is usable only when equal       */
-    uint64_t cpus[16]; /* CPUs the process may run on (affinity mask, bit c: CPU c < 1024)   */
+    uint64_t cpus[XCCL_CPU_WORDS]; /* CPUs it may run on (affinity mask, bit c: CPU c)   */
 } xccl_peer_info_t;
 
 /* Calls from a transport back into the core. All are made from inside `progress`, `isend`
