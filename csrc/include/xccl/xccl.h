@@ -61,6 +61,14 @@ xccl_status_t xccl_set_error(xccl_status_t st, const char *msg);
 /* ---------------------------------------------------------------------------------------------
  * Data types and reduction operators
  * ------------------------------------------------------------------------------------------- */
+/* Memory kinds a buffer can live in. Host memory is 0, so zero-initialised options mean host
+ * buffers. */
+typedef enum xccl_mem_type {
+    XCCL_MEM_HOST = 0,
+    XCCL_MEM_CUDA = 1,
+    XCCL_MEM_TYPES /* number of memory types */
+} xccl_mem_type_t;
+
 typedef enum xccl_dtype {
     XCCL_BOOL = 0,
     XCCL_UINT8,

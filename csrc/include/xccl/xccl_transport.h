@@ -48,12 +48,6 @@ typedef struct xccl_msg_hdr {
     uint64_t nbytes;  /* payload bytes that follow                                           */
 } xccl_msg_hdr_t;
 
-/* Memory kinds a buffer can live in. */
-typedef enum xccl_mem_type {
-    XCCL_MEM_HOST = 0,
-    XCCL_MEM_CUDA = 1,
-} xccl_mem_type_t;
-
 /* A buffer as the core hands it to a transport. `mr` is the transport's registration handle
  * for transports with XCCL_TP_CAP_NEEDS_REG (NULL otherwise, or when not registered yet). */
 typedef struct xccl_tp_buf {
@@ -76,7 +70,9 @@ typedef struct xccl_peer_info {
 typedef struct xccl_tp_upcalls {
     void *core;
     /* A header from `peer` arrived. On XCCL_OK, *dst says where the hdr->nbytes of payload go
-     * (dst->ptr may be NULL only when nbytes is 0); *cookie is passed to recv_done. A negative
+     * (dst->ptr NULL with nbytes > 0: the payload is not wanted - the transport consumes and
+     * drops it without storing it, then calls recv_done as usual); *cookie is passed to
+     * recv_done. A negative
      * status means the message is refused (the transport drops the payload and reports the
      * peer as failed). XCCL_INPROGRESS, only to transports with XCCL_TP_CAP_DEFER: nothing
      * is posted for this message yet and the core would rather wait a little than stage it
