@@ -24,6 +24,7 @@
 
 #include "algo/algo.h"
 #include "core/check.h"
+#include "core/rcache.h"
 #include "xccl/xccl.h"
 #include "xccl/xccl_transport.h"
 
@@ -81,6 +82,7 @@ struct xccl_req {
     uint64_t     tag;
     uint64_t     fp;
     void        *buf;
+    xccl_mem_type_t mem;  /* memory type of buf                                             */
     size_t       nbytes;  /* capacity (recv) or length (send)                               */
     size_t       received;
     uint32_t     step;
@@ -185,6 +187,7 @@ struct xccl_work {
 typedef struct tp_slot {
     const xccl_transport_ops_t *ops;
     xccl_tp_ctx_t              *ctx;
+    xccl_rcache_t              *rcache; /* registrations (XCCL_TP_CAP_NEEDS_REG only)     */
 } tp_slot_t;
 
 struct xccl_ctx {
