@@ -1,150 +1,14 @@
 /* SPDX-License-Identifier: Apache-2.0
  *
- * algo.h - the contract between the core and the collective algorithms.
- *
- * An algorithm is data (name, collective, summary, cost formula) plus one re-entrant function,
- * `progress`, over a handful of core primitives (xccl_task_*). The core calls progress once to
- * start (with the state words zeroed) and again whenever the task might advance; progress posts
- * sends and receives, returns XCCL_INPROGRESS while it waits for them and XCCL_OK when the
- * collective is complete on this rank. It must never block. It keeps its resume point in the
- * state words (xccl_task_state). Algorithms never include a backend header and never see a
- * transport: they only know ranks of the communicator.
- *
- * Buffers as algorithms see them (the core normalises calls before the algorithm runs):
- *   ALLREDUCE       in place on rbuf (count elements); the core copied sbuf there.
- *   BROADCAST       in place on rbuf (== sbuf) at every rank.
- *   REDUCE          sbuf (count, read-only) on every rank; result into rbuf at the root only
- *                   (rbuf may equal sbuf at the root; rbuf is NULL elsewhere).
- *   ALLGATHER       rbuf holds size*count; this rank's block is already in place.
- *   GATHER          root: rbuf holds size*count with the root's block in place; others: sbuf.
- *   SCATTER         root: sbuf holds size*count; every rank: rbuf (count). The root's own
- *                   block is already copied.
- *   REDUCE_SCATTER  sbuf holds size*count (read-only); rbuf receives count.
- *   ALLTOALL        sbuf / rbuf hold size*count; the self block is already copied.
- *   ALLTOALLV       scounts/sdispls/rcounts/rdispls in elements; self block already copied.
- *   BARRIER         no data.
- * `op` is always a base operator (SUM..BXOR): the core turns AVG into SUM plus a division and
- * PREMUL_SUM into a scaling of the input plus SUM.
- *
- * Tags: each message an algorithm posts carries a `step` number (< 2^20). Messages between the
- * same pair of ranks with the same step are matched in posting order; distinct steps keep
- * messages of different phases apart and label them in traces.
+ * algo.h - what the algorithms know of each other: the registry of every algorithm
+ * (registry.c) and the selection (select.c) behind the policy table the core calls
+ * (xccl_algo_policy, core/task.h). The contract with the core - collectives, arguments, task
+ * primitives, the algorithm descriptor - is core/task.h; the core never includes this file.
  */
 #ifndef XCCL_ALGO_ALGO_H
 #define XCCL_ALGO_ALGO_H
 
-#include <stddef.h>
-#include <stdint.h>
-
-#include "xccl/xccl.h"
-
-typedef enum xccl_coll {
-    XCCL_COLL_ALLREDUCE = 0,
-    XCCL_COLL_BROADCAST,
-    XCCL_COLL_REDUCE,
-    XCCL_COLL_ALLGATHER,
-    XCCL_COLL_GATHER,
-    XCCL_COLL_SCATTER,
-    XCCL_COLL_REDUCE_SCATTER,
-    XCCL_COLL_ALLTOALL,
-    XCCL_COLL_ALLTOALLV,
-    XCCL_COLL_BARRIER,
-    XCCL_COLL_COUNT
-} xccl_coll_t;
-
-/* "all_reduce", "broadcast", ... (torch.distributed spelling); "?" if invalid. */
-const char *xccl_coll_name(xccl_coll_t coll);
-
-/* The α-β-γ model: a step costs alpha seconds, each byte sent beta seconds, each byte reduced
- * gamma seconds. The core takes α and β from the transports (defaults in explain.c). */
-typedef struct xccl_cost_model {
-    double alpha;
-    double beta;
-    double gamma;
-} xccl_cost_model_t;
-
-/* Where the ranks of a communicator live, for two-level algorithms: node_of[r] in [0, nnodes)
- * is the node (host) of rank r, nodes numbered in the order of their lowest rank; messages
- * inside a node cost `intra`, between nodes `inter`; `pull`: inside a node, receivers copy
- * large payloads from the sender's memory themselves (so a sender's fan-out is parallel);
- * `scarce`: a node of some member runs more ranks of the job than the CPUs they may use, so a
- * message often waits for its receiver to be scheduled. Identical on every rank. */
-typedef struct xccl_topo {
-    int               nnodes;
-    const int        *node_of;
-    xccl_cost_model_t intra, inter;
-    int               pull;
-    int               scarce;
-} xccl_topo_t;
-
-typedef struct xccl_coll_args {
-    xccl_coll_t   coll;
-    const void   *sbuf;
-    void         *rbuf;
-    size_t        count; /* elements: per rank for gather-like collectives            */
-    xccl_dtype_t  dtype;
-    size_t        elsize;
-    xccl_op_t     op;    /* base operator                                               */
-    int           root;
-    const size_t *scounts, *sdispls, *rcounts, *rdispls; /* ALLTOALLV only             */
-    const xccl_topo_t *topo; /* NULL: unknown (the simulator, explain without a group)    */
-} xccl_coll_args_t;
-
-#define XCCL_STEP_MAX         ((1u << 20) - 1)
-#define XCCL_TASK_STATE_WORDS 16
-
-typedef struct xccl_task xccl_task_t;
-
-const xccl_coll_args_t *xccl_task_args(const xccl_task_t *t);
-int                     xccl_task_rank(const xccl_task_t *t);
-int                     xccl_task_size(const xccl_task_t *t);
-/* Algorithm-owned resume state, XCCL_TASK_STATE_WORDS words, zero when progress first runs. */
-uint64_t               *xccl_task_state(xccl_task_t *t);
-
-/* Posts a send / receive of nbytes to / from `peer` (a rank of the communicator, never the
- * caller itself). The buffer must stay untouched until xccl_task_test returns XCCL_OK. */
-xccl_status_t xccl_task_isend(xccl_task_t *t, int peer, const void *buf, size_t nbytes,
-                              uint32_t step);
-xccl_status_t xccl_task_irecv(xccl_task_t *t, int peer, void *buf, size_t nbytes,
-                              uint32_t step);
-/* XCCL_OK when every request posted so far has completed (they are then forgotten),
- * XCCL_INPROGRESS while some are pending, or the first error. */
-xccl_status_t xccl_task_test(xccl_task_t *t);
-/* Number of requests posted and not yet completed. */
-int           xccl_task_pending(const xccl_task_t *t);
-/* dst = a op b over `count` elements with the task's dtype and operator (recorded in traces). */
-xccl_status_t xccl_task_reduce(xccl_task_t *t, void *dst, const void *a, const void *b,
-                               size_t count);
-/* A scratch buffer of at least nbytes owned by the task (freed at completion). Growing it
- * moves it: take pointers after the last call. NULL when out of memory. */
-void         *xccl_task_scratch(xccl_task_t *t, size_t nbytes);
-
-/* What one rank does in an algorithm, on the critical path: `steps` rounds of messages,
- * `bytes` sent, `reduce_bytes` combined locally. Predicted time = the model applied to it. */
-typedef struct xccl_cost {
-    double steps;
-    double bytes;
-    double reduce_bytes;
-} xccl_cost_t;
-
-typedef struct xccl_algo {
-    const char *name;    /* "ring", "rd", "rabenseifner", "binomial", "bruck", ... */
-    xccl_coll_t coll;
-    const char *summary; /* one line: the schedule, steps and bytes on the wire      */
-    /* NULL: runs everywhere; otherwise 0 when it cannot run these arguments. It may look only
-     * at args->count and args->elsize (communicators memoise selections by those). */
-    int (*applicable)(const xccl_coll_args_t *args, int size);
-    /* Cost for `size` ranks and a message of nbytes, where nbytes is the collective's size in
-     * the nccl-tests sense: the whole vector for allreduce/broadcast/reduce, the whole gathered
-     * output for allgather/gather/reduce_scatter-input/scatter-input, the whole send buffer
-     * for all-to-all, 0 for barrier. */
-    void (*cost)(int size, size_t nbytes, xccl_cost_t *out);
-    xccl_status_t (*progress)(xccl_task_t *t);
-    /* Two-level algorithms only (NULL for the others): the cost split into what crosses links
-     * inside nodes (`intra`, priced with topo->intra) and between nodes (`inter`). */
-    void (*cost_topo)(const xccl_topo_t *topo, int size, size_t nbytes, xccl_cost_t *intra,
-                      xccl_cost_t *inter);
-} xccl_algo_t;
+#include "core/task.h"
 
 /* Every algorithm of a collective, NULL-terminated (csrc/algo/registry.c). */
 const xccl_algo_t *const *xccl_algo_list(xccl_coll_t coll);
@@ -164,20 +28,6 @@ double xccl_algo_predict_args(const xccl_algo_t *a, const xccl_coll_args_t *args
 xccl_status_t xccl_algo_select(const xccl_coll_args_t *args, int size, size_t nbytes,
                                const xccl_cost_model_t *m, const char *forced,
                                const xccl_algo_t **out);
-
-/* Selections one communicator remembers. Once the group's size, topology and model are fixed,
- * the choice depends only on the collective, nbytes, count and element size, so the rules and
- * the model run once per distinct call shape, not on every call (they cost about a third of
- * a small all_reduce). A slot is stale once $XCCL_ALGO is re-read (xccl_algo_reset_env). */
-#define XCCL_ALGO_MEMO_SLOTS 32
-typedef struct xccl_algo_memo {
-    struct xccl_algo_memo_slot {
-        const xccl_algo_t *algo; /* NULL: empty */
-        size_t             nbytes, count, elsize;
-        unsigned           gen;
-        xccl_coll_t        coll;
-    } slot[XCCL_ALGO_MEMO_SLOTS];
-} xccl_algo_memo_t;
 
 /* xccl_algo_select through `memo` (zero-initialised, owned by the caller's communicator;
  * thread-safe). Only calls without `forced` are remembered; errors never are. */

@@ -2,7 +2,8 @@
  *
  * registry.c - the table of every collective algorithm, by collective, and its lookup. The
  * order of a list is the tie-break of the cost-model selection (select.c): first wins.
- * Adding an algorithm = defining its xccl_algo_t in its file and naming it here.
+ * Adding an algorithm = defining its xccl_algo_t in its file and naming it here. This file also
+ * installs the selection policy the core calls (xccl_algo_policy, core/task.h).
  */
 #include "algo/algo.h"
 
@@ -52,31 +53,23 @@ static const xccl_algo_t *const barrier_algos[] = {&xccl_algo_barrier_disseminat
                                                    &xccl_algo_barrier_linear, NULL};
 
 /* Indexed by xccl_coll_t. */
-static const struct {
-    const char               *name;
-    const xccl_algo_t *const *algos;
-} colls[XCCL_COLL_COUNT] = {
-    [XCCL_COLL_ALLREDUCE]      = {"all_reduce", allreduce_algos},
-    [XCCL_COLL_BROADCAST]      = {"broadcast", broadcast_algos},
-    [XCCL_COLL_REDUCE]         = {"reduce", reduce_algos},
-    [XCCL_COLL_ALLGATHER]      = {"all_gather", allgather_algos},
-    [XCCL_COLL_GATHER]         = {"gather", gather_algos},
-    [XCCL_COLL_SCATTER]        = {"scatter", scatter_algos},
-    [XCCL_COLL_REDUCE_SCATTER] = {"reduce_scatter", reduce_scatter_algos},
-    [XCCL_COLL_ALLTOALL]       = {"all_to_all", alltoall_algos},
-    [XCCL_COLL_ALLTOALLV]      = {"all_to_all_v", alltoallv_algos},
-    [XCCL_COLL_BARRIER]        = {"barrier", barrier_algos},
+static const xccl_algo_t *const *const colls[XCCL_COLL_COUNT] = {
+    [XCCL_COLL_ALLREDUCE]      = allreduce_algos,
+    [XCCL_COLL_BROADCAST]      = broadcast_algos,
+    [XCCL_COLL_REDUCE]         = reduce_algos,
+    [XCCL_COLL_ALLGATHER]      = allgather_algos,
+    [XCCL_COLL_GATHER]         = gather_algos,
+    [XCCL_COLL_SCATTER]        = scatter_algos,
+    [XCCL_COLL_REDUCE_SCATTER] = reduce_scatter_algos,
+    [XCCL_COLL_ALLTOALL]       = alltoall_algos,
+    [XCCL_COLL_ALLTOALLV]      = alltoallv_algos,
+    [XCCL_COLL_BARRIER]        = barrier_algos,
 };
-
-const char *xccl_coll_name(xccl_coll_t coll)
-{
-    return (unsigned)coll < XCCL_COLL_COUNT ? colls[coll].name : "?";
-}
 
 const xccl_algo_t *const *xccl_algo_list(xccl_coll_t coll)
 {
     static const xccl_algo_t *const none[] = {NULL};
-    return (unsigned)coll < XCCL_COLL_COUNT ? colls[coll].algos : none;
+    return (unsigned)coll < XCCL_COLL_COUNT ? colls[coll] : none;
 }
 
 const xccl_algo_t *xccl_algo_find(xccl_coll_t coll, const char *name)
@@ -109,3 +102,10 @@ double xccl_algo_predict_args(const xccl_algo_t *a, const xccl_coll_args_t *args
            intra.reduce_bytes * args->topo->intra.gamma + inter.steps * args->topo->inter.alpha +
            inter.bytes * args->topo->inter.beta + inter.reduce_bytes * args->topo->inter.gamma;
 }
+
+const xccl_algo_policy_t xccl_algo_policy = {
+    .select  = xccl_algo_select_memo,
+    .list    = xccl_algo_list,
+    .find    = xccl_algo_find,
+    .predict = xccl_algo_predict_args,
+};

@@ -502,7 +502,7 @@ static xccl_status_t coll_post(xccl_comm_t *comm, xccl_coll_args_t *a, xccl_op_t
     /* one-level algorithms are priced with the links they mostly cross: between nodes when
      * the members span several */
     a->topo = &comm->topo;
-    XCCL_CHECK(xccl_algo_select_memo(&comm->memo, a, comm->size, nbytes_model,
+    XCCL_CHECK(xccl_algo_policy.select(&comm->memo, a, comm->size, nbytes_model,
                                      comm->topo.nnodes > 1 ? &comm->topo.inter
                                                            : &comm->topo.intra,
                                      opts ? opts->algo : NULL, &algo));

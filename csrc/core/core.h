@@ -22,9 +22,9 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
-#include "algo/algo.h"
 #include "core/check.h"
 #include "core/rcache.h"
+#include "core/task.h"
 #include "xccl/xccl.h"
 #include "xccl/xccl_transport.h"
 
@@ -133,7 +133,7 @@ struct xccl_comm {
     } flight[32];
     uint64_t     nflight;
     xccl_topo_t  topo;  /* nodes of the members and the α-β of links (topo.c)           */
-    xccl_algo_memo_t memo; /* algorithms chosen for earlier call shapes (select.c)      */
+    xccl_algo_memo_t memo; /* algorithms chosen for earlier call shapes (the policy)    */
     void        *spare; /* scratch kept from a finished operation (coll.c)             */
     size_t       spare_len;
     xccl_comm_t *next; /* ctx->comms */

@@ -54,9 +54,10 @@ xccl_status_t xccl_comm_choose(const xccl_comm_t *comm, const char *coll, size_t
         return XCCL_ERROR(XCCL_ERR_INVALID_ARG, "choose: comm, collective and name needed");
     XCCL_CHECK(explain_args(coll, nbytes, comm->size, &args));
     args.topo = &comm->topo; /* as coll.c passes it */
-    XCCL_CHECK(xccl_algo_select(&args, comm->size, nbytes,
-                                comm->topo.nnodes > 1 ? &comm->topo.inter : &comm->topo.intra,
-                                NULL, &chosen));
+    XCCL_CHECK(xccl_algo_policy.select(NULL, &args, comm->size, nbytes,
+                                       comm->topo.nnodes > 1 ? &comm->topo.inter
+                                                             : &comm->topo.intra,
+                                       NULL, &chosen));
     snprintf(name, len, "%s", chosen->name);
     return XCCL_OK;
 }
@@ -79,8 +80,8 @@ xccl_status_t xccl_explain(const char *coll, size_t nbytes, int size, const doub
         m.beta  = model[1];
         m.gamma = model[2];
     }
-    if (xccl_algo_select(&args, size, nbytes, &m, NULL, &chosen) < 0) chosen = NULL;
-    list = xccl_algo_list(args.coll);
+    if (xccl_algo_policy.select(NULL, &args, size, nbytes, &m, NULL, &chosen) < 0) chosen = NULL;
+    list = xccl_algo_policy.list(args.coll);
     for (int i = 0; list != NULL && list[i] != NULL && k < max; i++, k++) {
         const xccl_algo_t *a = list[i];
         xccl_cost_t        cost = {0};
@@ -92,7 +93,7 @@ xccl_status_t xccl_explain(const char *coll, size_t nbytes, int size, const doub
         o->steps        = cost.steps;
         o->bytes        = cost.bytes;
         o->reduce_bytes = cost.reduce_bytes;
-        o->predicted_s  = xccl_algo_predict(a, &m, size, nbytes);
+        o->predicted_s  = xccl_algo_policy.predict(a, &args, &m, size, nbytes);
         o->applicable   = a->applicable == NULL || a->applicable(&args, size);
         o->chosen       = a == chosen;
     }

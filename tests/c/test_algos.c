@@ -997,6 +997,40 @@ static void test_registry(void)
     }
 }
 
+/* The policy table the core calls (core/task.h) is the registry and the selector of this
+ * layer: same lists, same lookups, same choices and the memo in front of them. */
+static void test_policy(void)
+{
+    const xccl_algo_policy_t *p = &xccl_algo_policy;
+    xccl_cost_model_t         lat = {1e-3, 1e-12, 1e-12}, bw = {1e-9, 1e-6, 1e-9};
+    static xccl_algo_memo_t   memo;
+
+    CHECK(p->select != NULL && p->list != NULL && p->find != NULL && p->predict != NULL);
+    for (int c = 0; c <= XCCL_COLL_COUNT; c++) {
+        const xccl_algo_t *const *list = p->list((xccl_coll_t)c);
+        CHECK(list == xccl_algo_list((xccl_coll_t)c) || (c == XCCL_COLL_COUNT && list[0] == NULL));
+        for (int k = 0; list[k] != NULL; k++)
+            CHECK(p->find((xccl_coll_t)c, list[k]->name) == list[k]);
+    }
+    for (int i = 0; i < 2; i++) {
+        const xccl_cost_model_t *m = i ? &bw : &lat;
+        xccl_coll_args_t         a = {.coll   = XCCL_COLL_ALLREDUCE,
+                                      .count  = 1 << 20,
+                                      .dtype  = XCCL_FLOAT32,
+                                      .elsize = 4,
+                                      .op     = XCCL_OP_SUM};
+        const xccl_algo_t       *want = NULL, *got = NULL, *again = NULL;
+        CHECK(xccl_algo_select(&a, 8, 4 << 20, m, NULL, &want) == XCCL_OK);
+        CHECK(p->select(NULL, &a, 8, 4 << 20, m, NULL, &got) == XCCL_OK && got == want);
+        memset(&memo, 0, sizeof(memo));
+        CHECK(p->select(&memo, &a, 8, 4 << 20, m, NULL, &again) == XCCL_OK && again == want);
+        CHECK(p->select(&memo, &a, 8, 4 << 20, m, "rd", &again) == XCCL_OK &&
+              again == &xccl_algo_allreduce_rd);
+        CHECK(fabs(p->predict(want, &a, m, 8, 4 << 20) -
+                   xccl_algo_predict(want, m, 8, 4 << 20)) < 1e-12);
+    }
+}
+
 static xccl_coll_args_t sel_args(xccl_coll_t coll, size_t count)
 {
     return (xccl_coll_args_t){.coll   = coll,
@@ -1281,6 +1315,7 @@ int main(void)
     test_patterns();
     test_sim();
     test_registry();
+    test_policy();
     test_select();
     test_select_memo();
     sweep_reductions();
