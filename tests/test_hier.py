@@ -35,6 +35,17 @@ def body_hier(rank, world_size, store_path, hosts):
         y = (np.arange(count) % 97 + rank).astype(np.float32)
         xccl.all_reduce(y, algo="hier")
         out[f"ar{count}"] = y[:50].copy(), float(y.sum(dtype=np.float64))
+    # the bandwidth-optimal two-level all_reduce runs where every host has as many ranks,
+    # and is refused elsewhere; random floats must come out as the same bytes on every rank
+    equal = len({hosts.count(h) for h in hosts}) == 1
+    for count in (1, 1001, 1 << 18):
+        y = np.random.default_rng(count + 7 * rank).standard_normal(count).astype(np.float32)
+        try:
+            xccl.all_reduce(y, algo="hier_rs")
+            out[f"rs{count}"] = y.copy()
+        except ValueError as e:
+            assert not equal, e
+            out[f"rs{count}"] = None
     for root in range(world_size):
         z = np.full(513, -1.0) if rank != root else np.linspace(0, 1, 513) + root
         xccl.broadcast(z, src=root, algo="hier")
@@ -66,6 +77,18 @@ def test_hier_over_shm_and_tcp(tmp_path, hosts):
             want = base * n + ranks.sum()
             np.testing.assert_array_equal(head, want[:50].astype(np.float32))
             assert total == float(want.sum()), (rank, count)
+        equal = len({hosts.count(h) for h in hosts}) == 1
+        for count in (1, 1001, 1 << 18):
+            got = out[f"rs{count}"]
+            if not equal:
+                assert got is None
+                continue
+            want = sum(
+                np.random.default_rng(count + 7 * r).standard_normal(count).astype(np.float64)
+                for r in range(n)
+            )
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * n)
+            assert got.tobytes() == res[0][f"rs{count}"].tobytes(), (rank, count)
         for root in range(n):
             np.testing.assert_array_equal(out[f"bc{root}"], np.linspace(0, 1, 513) + root)
         if "one_host" in out:

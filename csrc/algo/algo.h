@@ -14,6 +14,11 @@
 const xccl_algo_t *const *xccl_algo_list(xccl_coll_t coll);
 const xccl_algo_t        *xccl_algo_find(xccl_coll_t coll, const char *name);
 
+/* Algorithms that others run as sub-tasks (xccl_task_sub). */
+extern const xccl_algo_t xccl_algo_allreduce_ring, xccl_algo_allreduce_rd,
+    xccl_algo_allreduce_rabenseifner, xccl_algo_reduce_scatter_ring, xccl_algo_allgather_ring,
+    xccl_algo_reduce_binomial, xccl_algo_broadcast_binomial;
+
 /* Predicted seconds of `a` under model m. */
 double xccl_algo_predict(const xccl_algo_t *a, const xccl_cost_model_t *m, int size,
                          size_t nbytes);

@@ -39,9 +39,9 @@ static xccl_status_t xfer_blocks(xccl_task_t *t, int send, int peer, int b0, int
  * cost: n-2 + C α, (n-1)/n N β.
  * ------------------------------------------------------------------------------------------- */
 /* Chunks per block of a ring over n ranks (n - 1 steps). */
-static int ring_nchunks(size_t block_bytes, size_t elsize, int n)
+static int ring_nchunks(size_t block_bytes, size_t elsize, int n, uint32_t step_limit)
 {
-    return xccl_pat_ring_chunks_env(block_bytes, elsize, n - 1);
+    return xccl_pat_ring_chunks_env(block_bytes, elsize, n - 1, step_limit);
 }
 
 static xccl_status_t ring_progress(xccl_task_t *t)
@@ -55,7 +55,8 @@ static xccl_status_t ring_progress(xccl_task_t *t)
     xccl_status_t           st;
 
     if (n == 1 || count == 0) return XCCL_OK;
-    if (w[1] == 0) w[1] = (uint64_t)ring_nchunks(count * es, es, n);
+    if (w[1] == 0)
+        w[1] = (uint64_t)ring_nchunks(count * es, es, n, xccl_task_step_limit(t));
     pipe = xccl_pat_pipe(n - 1, 0, (int)w[1]);
 
     while ((st = xccl_task_test(t)) == XCCL_OK) {
@@ -89,7 +90,8 @@ static void ring_cost(int n, size_t nbytes, xccl_cost_t *out)
 
     memset(out, 0, sizeof(*out));
     if (n == 1) return;
-    p          = xccl_pat_pipe(n - 1, 0, ring_nchunks(nbytes / (size_t)n, 1, n));
+    p          = xccl_pat_pipe(n - 1, 0,
+                               ring_nchunks(nbytes / (size_t)n, 1, n, XCCL_STEP_MAX + 1u));
     out->steps = xccl_pat_pipe_rounds(&p);
     out->bytes = (double)(n - 1) / n * (double)nbytes;
 }

@@ -112,9 +112,9 @@ static xccl_status_t ring_reduce(const void *arg, int j, int urgent)
 }
 
 /* Chunks per block of a ring over n ranks (2 * (n - 1) steps). */
-static int ring_nchunks(size_t block_bytes, size_t elsize, int n)
+static int ring_nchunks(size_t block_bytes, size_t elsize, int n, uint32_t step_limit)
 {
-    return xccl_pat_ring_chunks_env(block_bytes, elsize, 2 * (n - 1));
+    return xccl_pat_ring_chunks_env(block_bytes, elsize, 2 * (n - 1), step_limit);
 }
 
 static xccl_status_t ring_progress(xccl_task_t *t)
@@ -132,7 +132,8 @@ static xccl_status_t ring_progress(xccl_task_t *t)
     x.es    = a->elsize;
     if (x.size == 1 || x.count == 0) return XCCL_OK;
     if (w[1] == 0)
-        w[1] = (uint64_t)ring_nchunks(xccl_pat_block_max(x.count, x.size) * x.es, x.es, x.size);
+        w[1] = (uint64_t)ring_nchunks(xccl_pat_block_max(x.count, x.size) * x.es, x.es, x.size,
+                                       xccl_task_step_limit(t));
     x.pipe  = xccl_pat_pipe(2 * (x.size - 1), x.size - 1, (int)w[1]);
     x.slot  = xccl_pat_block_max(xccl_pat_block_max(x.count, x.size), x.pipe.nchunks);
     x.stage = scratch(t, (size_t)x.pipe.nchunks * x.slot * x.es, "ring");
@@ -149,7 +150,8 @@ static void ring_cost(int n, size_t nbytes, xccl_cost_t *out)
 
     memset(out, 0, sizeof(*out));
     if (n == 1) return;
-    p = xccl_pat_pipe(2 * (n - 1), n - 1, ring_nchunks(xccl_pat_block_max(nbytes, n), 1, n));
+    p = xccl_pat_pipe(2 * (n - 1), n - 1,
+                      ring_nchunks(xccl_pat_block_max(nbytes, n), 1, n, XCCL_STEP_MAX + 1u));
     out->steps        = xccl_pat_pipe_rounds(&p);
     out->bytes        = 2 * f * (double)nbytes;
     out->reduce_bytes = f * (double)nbytes;

@@ -2,36 +2,47 @@
  *
  * hier.c - two-level (hierarchical) all-reduce and broadcast for communicators that span
  * several nodes: the heavy traffic stays on the links inside a node (shared memory) and only
- * one rank per node talks across nodes (TCP), so the slow links carry log2(nodes) messages
- * instead of the log2(n) or n-1 of a one-level schedule. Without a topology (args->topo NULL:
- * one node) the schedules degenerate to a binomial reduce + broadcast (all_reduce) and a
- * binomial broadcast, priced as such, so the cost model only picks them across nodes.
+ * some ranks talk across nodes (TCP). Each phase is a one-level algorithm run as a sub-task
+ * (xccl_task_sub) on the ranks it concerns, in its own quarter of the step range. Without a
+ * topology (args->topo NULL: one node) the schedules degenerate to their in-node phases and
+ * are priced as such, so the cost model only picks them across nodes.
  *
  * Within node k the members in rank order have local indices 0..L_k-1; index 0 is the node's
  * leader. Nodes are numbered by their lowest rank, so leaders are in node order.
  *
- * all_reduce "hier" (in place on rbuf), rounds in this order, each rank skipping those it has
- * no part in:
+ * all_reduce "hier" (in place on rbuf), latency-bound:
  *
- *   phase         rounds              who                     does
- *   A reduce      ceil(log2 L)        local index i           round m: i has bit m set and
- *                                                             no lower one: send buf to i-2^m;
- *                                                             i+2^m < L: receive, buf op= it
- *   B all-reduce  log2 p + 2          leaders (p = 2^floor(   recursive doubling with the fold
- *                                     log2 H), H nodes)       of allreduce "rd"
- *   C broadcast   ceil(log2 L)        local index i           round m: i < 2^m sends buf to
- *                                                             i+2^m; 2^m <= i < 2^(m+1)
- *                                                             receives into buf
+ *   phase  sub-task                          members                    steps
+ *   A      reduce "binomial", root index 0   each node                  [0, S)
+ *   B      all_reduce "rd"                   the leaders, node order    [S, 2S)
+ *   C      broadcast "binomial", root 0      each node                  [2S, 3S)
  *
- * Every partial sum is formed as (lower local or node index) op (higher), so the result is the
- * same bits on every rank (the leaders agree after B, C copies).
- * cost inside nodes (L = the largest node): 2 ceil(log2 L) α, 2 ceil(log2 L) N β,
- * ceil(log2 L) N γ; between nodes: log2 p + 2[x] α, (log2 p + 2[x]) N β, (log2 p + [x]) N γ
- * (x: H not a power of two).
+ * (S = a quarter of the task's step limit.) Every partial sum is formed as (lower local or node
+ * index) op (higher), so the result is the same bits on every rank (the leaders agree after B,
+ * C copies). Cost inside nodes (L = the largest node): 2 ceil(log2 L) α, 2 ceil(log2 L) N β,
+ * ceil(log2 L) N γ; between nodes: that of "rd" on H nodes.
+ *
+ * all_reduce "hier_rs" (in place on rbuf), bandwidth-bound; every node has the same number L
+ * of ranks (not applicable otherwise). With q = floor(count / L), the first L q elements are
+ * L chunks of q, chunk i owned by local index i:
+ *
+ *   phase  sub-task                           members                     steps
+ *   A      reduce_scatter "ring" -> chunk li  each node                   [0, S)
+ *   B      all_reduce "ring" or              the ranks of local index li  [S, 2S)
+ *          "rabenseifner" (cheaper under     across nodes, node order
+ *          topo->inter) on the chunk
+ *   C      all_gather "ring" of the chunks   each node                   [2S, 3S)
+ *   T      all_reduce "rd" of the last        every rank                  [3S, 4S)
+ *          count - L q (< L) elements, beside A-C
+ *
+ * After B the ranks of local index li hold the same bits of chunk li; C copies them, so the
+ * result is the same bits on every rank. Cost inside nodes: a ring reduce-scatter plus a ring
+ * all-gather of N on L ranks, 2(L-1)/L N β; between nodes: the chosen all-reduce of N/L on
+ * H ranks (T is fewer than L elements and not priced).
  *
  * broadcast "hier": the root stands in for its node's leader. The heads (root, other nodes'
- * leaders) run a binomial broadcast ordered from the root's node, then each head runs a
- * binomial broadcast inside its node. Cost: ceil(log2 H) α + ceil(log2 H) N β between nodes,
+ * leaders) run broadcast "binomial" rooted at the root's node, then each head runs broadcast
+ * "binomial" inside its node. Cost: ceil(log2 H) α + ceil(log2 H) N β between nodes,
  * ceil(log2 L) α + ceil(log2 L) N β inside.
  */
 #include "algo/algo.h"
@@ -40,10 +51,6 @@
 
 #include "algo/patterns.h"
 #include "core/check.h"
-
-#define STEP_A 0u /* + round: phase steps keep the phases' messages apart */
-#define STEP_B 64u
-#define STEP_C 128u
 
 /* A rank's place in the topology. */
 typedef struct place {
@@ -71,22 +78,38 @@ static place_t place_of(const xccl_task_t *t)
     return p;
 }
 
-/* Rank of local index `li` in node `node`, or -1. */
-static int local_rank(const place_t *p, int node, int li)
+static int node_of(const place_t *p, int rank) { return p->node_of ? p->node_of[rank] : 0; }
+
+/* The members of `node` in rank order into map; returns how many. */
+static int node_members(const place_t *p, int node, int *map)
 {
-    if (p->node_of == NULL) return li; /* one node */
-    for (int i = 0; i < p->n; i++) {
-        if (p->node_of[i] == node && li-- == 0) return i;
-    }
-    return -1;
+    int k = 0;
+
+    for (int i = 0; i < p->n; i++)
+        if (node_of(p, i) == node) map[k++] = i;
+    return k;
 }
 
-static int node_size(const int *node_of, int n, int node)
+/* The rank of local index li in every node, in node order, into map (-1 where a node is
+ * smaller). */
+static void local_index_ranks(const place_t *p, int li, int *map)
+{
+    for (int k = 0; k < p->nnodes; k++) map[k] = -1;
+    for (int k = 0; k < p->nnodes; k++) {
+        int at = 0;
+        for (int i = 0; i < p->n && map[k] < 0; i++) {
+            if (node_of(p, i) != k) continue;
+            if (at++ == li) map[k] = i;
+        }
+    }
+}
+
+static int node_size(const int *of, int n, int node)
 {
     int L = 0;
 
     for (int i = 0; i < n; i++)
-        L += node_of[i] == node;
+        L += of[i] == node;
     return L;
 }
 
@@ -101,142 +124,103 @@ static int max_node_size(const xccl_topo_t *topo, int n)
     return best;
 }
 
-/* Binomial broadcast within a group of `m` members (virtual index v, 0 holds the data), round
- * `round`: sets *to (send) or *from (receive) to a virtual index, -1 when idle. */
-static void binomial_bcast_round(int v, int m, int round, int *to, int *from)
+/* The arguments of a phase: the parent's, re-aimed, without topology. */
+static xccl_coll_args_t phase_args(const xccl_coll_args_t *a, xccl_coll_t coll, const void *sbuf,
+                                   void *rbuf, size_t count, int root)
 {
-    int mask = 1 << round;
+    xccl_coll_args_t s = *a;
 
-    *to = *from = -1;
-    if (v < mask && v + mask < m) *to = v + mask;
-    if (v >= mask && v < 2 * mask) *from = v - mask;
+    s.coll  = coll;
+    s.sbuf  = sbuf;
+    s.rbuf  = rbuf;
+    s.count = count;
+    s.root  = root;
+    s.topo  = NULL;
+    return s;
+}
+
+static void cost_add(xccl_cost_t *acc, const xccl_algo_t *a, int size, size_t nbytes)
+{
+    xccl_cost_t c = {0, 0, 0};
+
+    if (size > 1) a->cost(size, nbytes, &c);
+    acc->steps += c.steps;
+    acc->bytes += c.bytes;
+    acc->reduce_bytes += c.reduce_bytes;
+}
+
+static void *scratch_or_fail(xccl_task_t *t, size_t nbytes, const char *algo)
+{
+    void *p = xccl_task_scratch(t, nbytes);
+
+    if (p == NULL)
+        XCCL_ERROR(XCCL_ERR_NO_MEMORY, "%s: rank %d: no memory for %zu B of scratch", algo,
+                   xccl_task_rank(t), nbytes);
+    return p;
 }
 
 /* ---------------------------------------------------------------------------------------------
- * all_reduce
+ * all_reduce "hier"
  * ------------------------------------------------------------------------------------------- */
-
-enum { RED_NONE = 0, RED_MINE_FIRST, RED_THEIRS_FIRST };
-
-static xccl_status_t ar_reduce_pending(xccl_task_t *t, uint64_t *kind, char *buf, const char *tmp,
-                                       size_t count)
-{
-    xccl_status_t st = XCCL_OK;
-
-    if (*kind == RED_MINE_FIRST) st = xccl_task_reduce(t, buf, buf, tmp, count);
-    if (*kind == RED_THEIRS_FIRST) st = xccl_task_reduce(t, buf, tmp, buf, count);
-    *kind = RED_NONE;
-    return st;
-}
-
-/* Posts round k of the schedule above; *kind receives the reduction to run once it is done. */
-static xccl_status_t ar_post(xccl_task_t *t, const place_t *p, int k, char *buf, char *tmp,
-                             size_t nbytes, uint64_t *kind)
-{
-    int             ra = xccl_pat_log2_ceil(p->L), leader = p->li == 0;
-    int             hi = p->node; /* a leader's index among the leaders */
-    xccl_pat_fold_t f  = xccl_pat_fold(hi, p->nnodes);
-    int             rb = f.log_p + 2;
-
-    if (k < ra) { /* A: binomial reduce to the leader */
-        int mask = 1 << k, low = p->li & ((mask << 1) - 1);
-        if (low == mask) /* bit k is my lowest set bit: hand my partial sum down, done */
-            return xccl_task_isend(t, local_rank(p, p->node, p->li - mask), buf, nbytes,
-                                   STEP_A + (uint32_t)k);
-        if (low == 0 && p->li + mask < p->L) {
-            *kind = RED_MINE_FIRST;
-            return xccl_task_irecv(t, local_rank(p, p->node, p->li + mask), tmp, nbytes,
-                                   STEP_A + (uint32_t)k);
-        }
-        return XCCL_OK;
-    }
-    k -= ra;
-    if (k < rb) { /* B: recursive doubling among the leaders, fold for non-powers of two */
-        uint32_t step = STEP_B + (uint32_t)k;
-        if (!leader) return XCCL_OK;
-        if (k == 0 && f.role == XCCL_PAT_EXTRA)
-            return xccl_task_isend(t, local_rank(p, f.peer, 0), buf, nbytes, step);
-        if (k == 0 && f.role == XCCL_PAT_PROXY) {
-            *kind = RED_MINE_FIRST; /* the proxy's node index is the lower one */
-            return xccl_task_irecv(t, local_rank(p, f.peer, 0), tmp, nbytes, step);
-        }
-        if (k >= 1 && k <= f.log_p && f.role != XCCL_PAT_EXTRA) {
-            int partner = xccl_pat_rd_partner(hi, k - 1), peer = local_rank(p, partner, 0);
-            *kind = partner < hi ? RED_THEIRS_FIRST : RED_MINE_FIRST;
-            XCCL_CHECK(xccl_task_irecv(t, peer, tmp, nbytes, step));
-            return xccl_task_isend(t, peer, buf, nbytes, step);
-        }
-        if (k == f.log_p + 1 && f.role == XCCL_PAT_PROXY)
-            return xccl_task_isend(t, local_rank(p, f.peer, 0), buf, nbytes, step);
-        if (k == f.log_p + 1 && f.role == XCCL_PAT_EXTRA)
-            return xccl_task_irecv(t, local_rank(p, f.peer, 0), buf, nbytes, step);
-        return XCCL_OK;
-    }
-    k -= rb;
-    { /* C: binomial broadcast from the leader */
-        int to, from;
-        binomial_bcast_round(p->li, p->L, k, &to, &from);
-        if (to >= 0)
-            return xccl_task_isend(t, local_rank(p, p->node, to), buf, nbytes,
-                                   STEP_C + (uint32_t)k);
-        if (from >= 0)
-            return xccl_task_irecv(t, local_rank(p, p->node, from), buf, nbytes,
-                                   STEP_C + (uint32_t)k);
-    }
-    return XCCL_OK;
-}
 
 static xccl_status_t ar_progress(xccl_task_t *t)
 {
-    const xccl_coll_args_t *a = xccl_task_args(t);
-    uint64_t     *w      = xccl_task_state(t); /* w[0]: next round, w[1]: reduction owed (RED_*) */
-    size_t        nbytes = a->count * a->elsize;
-    place_t       p;
-    char         *tmp;
-    int           rounds;
-    xccl_status_t st;
+    const xccl_coll_args_t *a    = xccl_task_args(t);
+    uint64_t               *w    = xccl_task_state(t); /* w[0]: next phase */
+    uint32_t                span = xccl_task_step_limit(t) / 4;
+    place_t                 p;
+    xccl_coll_args_t        s;
+    int                    *local, *leaders, L;
+    xccl_status_t           st;
 
-    if (nbytes == 0) return XCCL_OK;
-    p      = place_of(t);
-    rounds = 2 * xccl_pat_log2_ceil(p.L) + xccl_pat_log2_floor(p.nnodes) + 2;
-    tmp    = xccl_task_scratch(t, nbytes);
-    if (tmp == NULL)
-        return XCCL_ERROR(XCCL_ERR_NO_MEMORY, "all_reduce hier: rank %d: no memory for %zu B",
-                          xccl_task_rank(t), nbytes);
-    while ((st = xccl_task_test(t)) == XCCL_OK) {
-        XCCL_CHECK(ar_reduce_pending(t, &w[1], a->rbuf, tmp, a->count));
-        if (w[0] == (uint64_t)rounds) return XCCL_OK;
-        XCCL_CHECK(ar_post(t, &p, (int)w[0], a->rbuf, tmp, nbytes, &w[1]));
+    if (a->count == 0 || xccl_task_size(t) == 1) return XCCL_OK;
+    p     = place_of(t);
+    local = scratch_or_fail(t, (size_t)(p.n + p.nnodes) * sizeof(int), "all_reduce hier");
+    if (local == NULL) return XCCL_ERR_NO_MEMORY;
+    leaders = local + p.n;
+    L       = node_members(&p, p.node, local);
+    local_index_ranks(&p, 0, leaders);
+    for (;;) {
+        switch (w[0]) {
+        case 0:
+            s  = phase_args(a, XCCL_COLL_REDUCE, a->rbuf, p.li == 0 ? a->rbuf : NULL, a->count, 0);
+            st = xccl_task_sub(t, 0, &xccl_algo_reduce_binomial, &s, local, L, 0, span);
+            break;
+        case 1:
+            s  = phase_args(a, XCCL_COLL_ALLREDUCE, a->rbuf, a->rbuf, a->count, -1);
+            st = p.li != 0 ? XCCL_OK
+                           : xccl_task_sub(t, 0, &xccl_algo_allreduce_rd, &s, leaders, p.nnodes,
+                                           span, span);
+            break;
+        case 2:
+            s  = phase_args(a, XCCL_COLL_BROADCAST, a->rbuf, a->rbuf, a->count, 0);
+            st = xccl_task_sub(t, 0, &xccl_algo_broadcast_binomial, &s, local, L, 2 * span, span);
+            break;
+        default: return XCCL_OK;
+        }
+        if (st != XCCL_OK) return st;
         w[0]++;
     }
-    return st;
 }
 
 static void ar_cost_topo(const xccl_topo_t *topo, int size, size_t nbytes, xccl_cost_t *intra,
                          xccl_cost_t *inter)
 {
-    double la = xccl_pat_log2_ceil(max_node_size(topo, size));
-    double lb = xccl_pat_log2_floor(topo->nnodes);
-    double x  = xccl_pat_is_pow2(topo->nnodes) ? 0 : 1;
+    int L = max_node_size(topo, size);
 
     memset(intra, 0, sizeof(*intra));
     memset(inter, 0, sizeof(*inter));
-    intra->steps        = 2 * la;
-    intra->bytes        = 2 * la * (double)nbytes;
-    intra->reduce_bytes = la * (double)nbytes;
-    inter->steps        = lb + 2 * x;
-    inter->bytes        = (lb + 2 * x) * (double)nbytes;
-    inter->reduce_bytes = (lb + x) * (double)nbytes;
+    cost_add(intra, &xccl_algo_reduce_binomial, L, nbytes);
+    cost_add(intra, &xccl_algo_broadcast_binomial, L, nbytes);
+    cost_add(inter, &xccl_algo_allreduce_rd, topo->nnodes, nbytes);
 }
 
 /* One node: a binomial reduce and a binomial broadcast over all ranks. */
 static void ar_cost(int n, size_t nbytes, xccl_cost_t *out)
 {
-    double la = xccl_pat_log2_ceil(n);
-
-    out->steps        = 2 * la;
-    out->bytes        = 2 * la * (double)nbytes;
-    out->reduce_bytes = la * (double)nbytes;
+    memset(out, 0, sizeof(*out));
+    cost_add(out, &xccl_algo_reduce_binomial, n, nbytes);
+    cost_add(out, &xccl_algo_broadcast_binomial, n, nbytes);
 }
 
 const xccl_algo_t xccl_algo_allreduce_hier = {
@@ -250,90 +234,193 @@ const xccl_algo_t xccl_algo_allreduce_hier = {
 };
 
 /* ---------------------------------------------------------------------------------------------
- * broadcast
+ * all_reduce "hier_rs"
  * ------------------------------------------------------------------------------------------- */
 
-/* Round k: heads' binomial broadcast across nodes (virtual node index from the root's node),
- * then the binomial broadcast inside each node from its head. */
-static xccl_status_t bc_post(xccl_task_t *t, const place_t *p, int k, char *buf, size_t nbytes)
+/* The ranks per node when every node has as many, else 0. */
+static int equal_node_size(const xccl_topo_t *topo, int n)
 {
-    int root = xccl_task_args(t)->root, rnode = p->node_of != NULL ? p->node_of[root] : 0;
-    int rb = xccl_pat_log2_ceil(p->nnodes), to, from;
-    int head_li, vl;
+    int L = node_size(topo->node_of, n, 0);
 
-    /* the head of a node: the root in its own node, the leader elsewhere */
-    head_li = 0;
-    if (p->node == rnode) {
-        for (int i = 0; i < root; i++)
-            head_li += p->node_of == NULL || p->node_of[i] == rnode;
-    }
-    if (k < rb) {
-        if (p->li != head_li) return XCCL_OK;
-        binomial_bcast_round(xccl_pat_vrank(p->node, rnode, p->nnodes), p->nnodes, k, &to, &from);
-        if (to >= 0) {
-            int node = xccl_pat_unvrank(to, rnode, p->nnodes);
-            return xccl_task_isend(t, node == rnode ? root : local_rank(p, node, 0), buf, nbytes,
-                                   STEP_B + (uint32_t)k);
-        }
-        if (from >= 0) {
-            int node = xccl_pat_unvrank(from, rnode, p->nnodes);
-            return xccl_task_irecv(t, node == rnode ? root : local_rank(p, node, 0), buf, nbytes,
-                                   STEP_B + (uint32_t)k);
-        }
-        return XCCL_OK;
-    }
-    k -= rb;
-    vl = xccl_pat_vrank(p->li, head_li, p->L);
-    binomial_bcast_round(vl, p->L, k, &to, &from);
-    if (to >= 0)
-        return xccl_task_isend(t, local_rank(p, p->node, xccl_pat_unvrank(to, head_li, p->L)), buf,
-                               nbytes, STEP_C + (uint32_t)k);
-    if (from >= 0)
-        return xccl_task_irecv(t, local_rank(p, p->node, xccl_pat_unvrank(from, head_li, p->L)),
-                               buf, nbytes, STEP_C + (uint32_t)k);
-    return XCCL_OK;
+    for (int k = 1; k < topo->nnodes; k++)
+        if (node_size(topo->node_of, n, k) != L) return 0;
+    return L * topo->nnodes == n ? L : 0;
 }
+
+/* The all-reduce between nodes: ring or Rabenseifner, whichever the model of the links between
+ * nodes prices lower for `nbytes` on H ranks (ring on a tie); the same on every rank. */
+static const xccl_algo_t *rs_inter_algo(const xccl_topo_t *topo, int H, size_t nbytes)
+{
+    static const xccl_cost_model_t fallback = {20e-6, 1.0 / 2.0e9, 1.0 / 4.0e9};
+    const xccl_cost_model_t       *m        = topo != NULL ? &topo->inter : &fallback;
+    const xccl_algo_t             *ring = &xccl_algo_allreduce_ring;
+    const xccl_algo_t             *rab  = &xccl_algo_allreduce_rabenseifner;
+
+    return xccl_algo_predict(rab, m, H, nbytes) < xccl_algo_predict(ring, m, H, nbytes) ? rab
+                                                                                          : ring;
+}
+
+static int rs_applicable(const xccl_coll_args_t *a, int size)
+{
+    return a->topo == NULL || equal_node_size(a->topo, size) > 0;
+}
+
+enum { RS_PHASE = 0, RS_TAIL_DONE };
+
+static xccl_status_t rs_progress(xccl_task_t *t)
+{
+    const xccl_coll_args_t *a    = xccl_task_args(t);
+    uint64_t               *w    = xccl_task_state(t);
+    uint32_t                span = xccl_task_step_limit(t) / 4;
+    size_t                  es = a->elsize, q, tail, cbytes;
+    place_t                 p;
+    xccl_coll_args_t        s;
+    char                   *buf = a->rbuf, *chunk;
+    int                    *local, *across, *all, L;
+    xccl_status_t           st;
+
+    if (a->count == 0 || xccl_task_size(t) == 1) return XCCL_OK;
+    p = place_of(t);
+    if (a->topo != NULL && equal_node_size(a->topo, p.n) == 0)
+        return XCCL_ERROR(XCCL_ERR_INVALID_ARG,
+                          "all_reduce hier_rs: rank %d: nodes of unequal size", xccl_task_rank(t));
+    L      = p.L;
+    q      = a->count / (size_t)L;
+    tail   = a->count - q * (size_t)L;
+    cbytes = (q * es + 7) & ~(size_t)7;
+    chunk  = scratch_or_fail(t, cbytes + (size_t)(2 * p.n + p.nnodes) * sizeof(int),
+                             "all_reduce hier_rs");
+    if (chunk == NULL) return XCCL_ERR_NO_MEMORY;
+    local  = (int *)(chunk + cbytes);
+    across = local + p.n;
+    all    = across + p.nnodes;
+    node_members(&p, p.node, local);
+    local_index_ranks(&p, p.li, across);
+    for (int i = 0; i < p.n; i++) all[i] = i;
+
+    /* T: the last elements, beside the chunked phases */
+    if (tail > 0 && !w[RS_TAIL_DONE]) {
+        s  = phase_args(a, XCCL_COLL_ALLREDUCE, buf + q * (size_t)L * es, buf + q * (size_t)L * es,
+                        tail, -1);
+        st = xccl_task_sub(t, 1, &xccl_algo_allreduce_rd, &s, all, p.n, 3 * span, span);
+        if (st < 0) return st;
+        if (st == XCCL_OK) w[RS_TAIL_DONE] = 1;
+    }
+    while (q > 0 && w[RS_PHASE] < 3) {
+        switch (w[RS_PHASE]) {
+        case 0: /* A */
+            s  = phase_args(a, XCCL_COLL_REDUCE_SCATTER, buf, chunk, q, -1);
+            st = xccl_task_sub(t, 0, &xccl_algo_reduce_scatter_ring, &s, local, L, 0, span);
+            break;
+        case 1: /* B */
+            s  = phase_args(a, XCCL_COLL_ALLREDUCE, chunk, chunk, q, -1);
+            st = p.nnodes == 1 ? XCCL_OK
+                               : xccl_task_sub(t, 0, rs_inter_algo(a->topo, p.nnodes, q * es), &s,
+                                               across, p.nnodes, span, span);
+            /* C's input: this rank's chunk in its place */
+            if (st == XCCL_OK) memcpy(buf + (size_t)p.li * q * es, chunk, q * es);
+            break;
+        default: /* C */
+            s  = phase_args(a, XCCL_COLL_ALLGATHER, buf + (size_t)p.li * q * es, buf, q, -1);
+            st = xccl_task_sub(t, 0, &xccl_algo_allgather_ring, &s, local, L, 2 * span, span);
+            break;
+        }
+        if (st != XCCL_OK) return st;
+        w[RS_PHASE]++;
+    }
+    return tail > 0 && !w[RS_TAIL_DONE] ? XCCL_INPROGRESS : XCCL_OK;
+}
+
+static void rs_cost_topo(const xccl_topo_t *topo, int size, size_t nbytes, xccl_cost_t *intra,
+                         xccl_cost_t *inter)
+{
+    int L = max_node_size(topo, size), H = topo->nnodes;
+
+    memset(intra, 0, sizeof(*intra));
+    memset(inter, 0, sizeof(*inter));
+    cost_add(intra, &xccl_algo_reduce_scatter_ring, L, nbytes);
+    cost_add(intra, &xccl_algo_allgather_ring, L, nbytes);
+    cost_add(inter, rs_inter_algo(topo, H, nbytes / (size_t)L), H, nbytes / (size_t)L);
+}
+
+/* One node: a ring reduce-scatter and a ring all-gather over all ranks. */
+static void rs_cost(int n, size_t nbytes, xccl_cost_t *out)
+{
+    memset(out, 0, sizeof(*out));
+    cost_add(out, &xccl_algo_reduce_scatter_ring, n, nbytes);
+    cost_add(out, &xccl_algo_allgather_ring, n, nbytes);
+}
+
+const xccl_algo_t xccl_algo_allreduce_hier_rs = {
+    .name       = "hier_rs",
+    .coll       = XCCL_COLL_ALLREDUCE,
+    .summary    = "two-level, bandwidth-optimal: ring reduce-scatter in each node, all-reduce of "
+                  "each 1/L chunk between nodes, ring all-gather in each node (equal nodes)",
+    .applicable = rs_applicable,
+    .cost       = rs_cost,
+    .progress   = rs_progress,
+    .cost_topo  = rs_cost_topo,
+};
+
+/* ---------------------------------------------------------------------------------------------
+ * broadcast "hier"
+ * ------------------------------------------------------------------------------------------- */
 
 static xccl_status_t bc_progress(xccl_task_t *t)
 {
-    const xccl_coll_args_t *a      = xccl_task_args(t);
-    uint64_t               *w      = xccl_task_state(t); /* w[0]: next round */
-    size_t                  nbytes = a->count * a->elsize;
+    const xccl_coll_args_t *a    = xccl_task_args(t);
+    uint64_t               *w    = xccl_task_state(t); /* w[0]: next phase */
+    uint32_t                span = xccl_task_step_limit(t) / 4;
+    int                     r    = xccl_task_rank(t);
     place_t                 p;
-    int                     rounds;
+    xccl_coll_args_t        s;
+    int                    *local, *heads, L, rnode, head_li = 0, head;
     xccl_status_t           st;
 
-    if (nbytes == 0) return XCCL_OK;
-    p      = place_of(t);
-    rounds = xccl_pat_log2_ceil(p.nnodes) + xccl_pat_log2_ceil(p.L);
-    while ((st = xccl_task_test(t)) == XCCL_OK) {
-        if (w[0] == (uint64_t)rounds) return XCCL_OK;
-        XCCL_CHECK(bc_post(t, &p, (int)w[0], a->rbuf, nbytes));
+    if (a->count == 0 || xccl_task_size(t) == 1) return XCCL_OK;
+    p     = place_of(t);
+    rnode = node_of(&p, a->root);
+    local = scratch_or_fail(t, (size_t)(p.n + p.nnodes) * sizeof(int), "broadcast hier");
+    if (local == NULL) return XCCL_ERR_NO_MEMORY;
+    heads = local + p.n;
+    L     = node_members(&p, p.node, local);
+    local_index_ranks(&p, 0, heads);
+    heads[rnode] = a->root;
+    head         = heads[p.node];
+    while (local[head_li] != head) head_li++;
+    for (;;) {
+        switch (w[0]) {
+        case 0:
+            s  = phase_args(a, XCCL_COLL_BROADCAST, a->rbuf, a->rbuf, a->count, rnode);
+            st = r != head ? XCCL_OK
+                           : xccl_task_sub(t, 0, &xccl_algo_broadcast_binomial, &s, heads,
+                                           p.nnodes, span, span);
+            break;
+        case 1:
+            s  = phase_args(a, XCCL_COLL_BROADCAST, a->rbuf, a->rbuf, a->count, head_li);
+            st = xccl_task_sub(t, 0, &xccl_algo_broadcast_binomial, &s, local, L, 2 * span, span);
+            break;
+        default: return XCCL_OK;
+        }
+        if (st != XCCL_OK) return st;
         w[0]++;
     }
-    return st;
 }
 
 static void bc_cost_topo(const xccl_topo_t *topo, int size, size_t nbytes, xccl_cost_t *intra,
                          xccl_cost_t *inter)
 {
-    double la = xccl_pat_log2_ceil(max_node_size(topo, size));
-    double lb = xccl_pat_log2_ceil(topo->nnodes);
-
     memset(intra, 0, sizeof(*intra));
     memset(inter, 0, sizeof(*inter));
-    intra->steps = la;
-    intra->bytes = la * (double)nbytes;
-    inter->steps = lb;
-    inter->bytes = lb * (double)nbytes;
+    cost_add(intra, &xccl_algo_broadcast_binomial, max_node_size(topo, size), nbytes);
+    cost_add(inter, &xccl_algo_broadcast_binomial, topo->nnodes, nbytes);
 }
 
 /* One node: a binomial broadcast over all ranks. */
 static void bc_cost(int n, size_t nbytes, xccl_cost_t *out)
 {
-    out->steps        = xccl_pat_log2_ceil(n);
-    out->bytes        = out->steps * (double)nbytes;
-    out->reduce_bytes = 0;
+    memset(out, 0, sizeof(*out));
+    cost_add(out, &xccl_algo_broadcast_binomial, n, nbytes);
 }
 
 const xccl_algo_t xccl_algo_broadcast_hier = {

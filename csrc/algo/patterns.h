@@ -179,13 +179,15 @@ static inline xccl_status_t xccl_pat_reduce_nz(xccl_task_t *t, void *dst, const 
 }
 
 /* Chunks per block of block_bytes for a ring of nsteps steps, with chunks of
- * $XCCL_RING_CHUNK_BYTES (at least one element of elsize bytes); the same on every rank. */
-static inline int xccl_pat_ring_chunks_env(size_t block_bytes, size_t elsize, int nsteps)
+ * $XCCL_RING_CHUNK_BYTES (at least one element of elsize bytes), with step numbers below
+ * step_limit (xccl_task_step_limit); the same on every rank. */
+static inline int xccl_pat_ring_chunks_env(size_t block_bytes, size_t elsize, int nsteps,
+                                           uint32_t step_limit)
 {
     int64_t chunk = xccl_env_int(XCCL_PAT_RING_CHUNK_ENV, XCCL_PAT_RING_CHUNK_DEFAULT);
 
     if (chunk < (int64_t)elsize) chunk = (int64_t)elsize;
-    return xccl_pat_ring_nchunks(block_bytes, (size_t)chunk, nsteps, XCCL_STEP_MAX + 1u);
+    return xccl_pat_ring_nchunks(block_bytes, (size_t)chunk, nsteps, step_limit);
 }
 
 static inline xccl_pat_pipe_t xccl_pat_pipe(int nsteps, int nred, int nchunks)

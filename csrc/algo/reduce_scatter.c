@@ -117,9 +117,9 @@ static xccl_status_t ring_reduce(const void *arg, int j, int urgent)
 }
 
 /* Chunks per block of a ring over n ranks (n - 1 steps). */
-static int ring_nchunks(size_t block_bytes, size_t elsize, int n)
+static int ring_nchunks(size_t block_bytes, size_t elsize, int n, uint32_t step_limit)
 {
-    return xccl_pat_ring_chunks_env(block_bytes, elsize, n - 1);
+    return xccl_pat_ring_chunks_env(block_bytes, elsize, n - 1, step_limit);
 }
 
 static xccl_status_t ring_progress(xccl_task_t *t)
@@ -137,7 +137,8 @@ static xccl_status_t ring_progress(xccl_task_t *t)
     x.rbuf  = a->rbuf;
     x.count = a->count;
     x.es    = a->elsize;
-    if (w[1] == 0) w[1] = (uint64_t)ring_nchunks(x.count * x.es, x.es, x.size);
+    if (w[1] == 0)
+        w[1] = (uint64_t)ring_nchunks(x.count * x.es, x.es, x.size, xccl_task_step_limit(t));
     x.pipe  = xccl_pat_pipe(x.size - 1, x.size - 1, (int)w[1]);
     x.slot  = xccl_pat_block_max(x.count, x.pipe.nchunks);
     x.stage = scratch(t, 2 * (size_t)x.pipe.nchunks * x.slot * x.es, "ring");
@@ -154,7 +155,7 @@ static void ring_cost(int n, size_t nbytes, xccl_cost_t *out)
 
     memset(out, 0, sizeof(*out));
     if (n == 1) return;
-    p = xccl_pat_pipe(n - 1, n - 1, ring_nchunks(nbytes / (size_t)n, 1, n));
+    p = xccl_pat_pipe(n - 1, n - 1, ring_nchunks(nbytes / (size_t)n, 1, n, XCCL_STEP_MAX + 1u));
     out->steps        = xccl_pat_pipe_rounds(&p);
     out->bytes        = f * (double)nbytes;
     out->reduce_bytes = f * (double)nbytes;

@@ -11,7 +11,7 @@
 
 extern const xccl_algo_t xccl_algo_allreduce_ring, xccl_algo_allreduce_rd,
     xccl_algo_allreduce_rabenseifner, xccl_algo_allreduce_direct, xccl_algo_allreduce_owner,
-    xccl_algo_allreduce_hier;
+    xccl_algo_allreduce_hier, xccl_algo_allreduce_hier_rs;
 extern const xccl_algo_t xccl_algo_broadcast_binomial, xccl_algo_broadcast_linear,
     xccl_algo_broadcast_scatter_allgather, xccl_algo_broadcast_chain, xccl_algo_broadcast_hier;
 extern const xccl_algo_t xccl_algo_reduce_binomial, xccl_algo_reduce_linear;
@@ -28,7 +28,8 @@ extern const xccl_algo_t xccl_algo_barrier_dissemination, xccl_algo_barrier_line
 
 static const xccl_algo_t *const allreduce_algos[] = {
     &xccl_algo_allreduce_ring, &xccl_algo_allreduce_rd, &xccl_algo_allreduce_rabenseifner,
-    &xccl_algo_allreduce_direct, &xccl_algo_allreduce_owner, &xccl_algo_allreduce_hier, NULL};
+    &xccl_algo_allreduce_direct, &xccl_algo_allreduce_owner, &xccl_algo_allreduce_hier,
+    &xccl_algo_allreduce_hier_rs, NULL};
 static const xccl_algo_t *const broadcast_algos[] = {
     &xccl_algo_broadcast_binomial, &xccl_algo_broadcast_linear,
     &xccl_algo_broadcast_scatter_allgather, &xccl_algo_broadcast_chain, &xccl_algo_broadcast_hier,

@@ -247,7 +247,7 @@ static xccl_status_t bcast_sag_progress(xccl_task_t *t)
  * (loopback TCP: np=4 on 2 vCPUs, 256 MiB). Cost: C + n - 2 steps of one chunk. */
 static int chain_chunks(size_t nbytes, size_t elsize)
 {
-    return xccl_pat_ring_chunks_env(nbytes, elsize, 1);
+    return xccl_pat_ring_chunks_env(nbytes, elsize, 1, XCCL_STEP_MAX + 1u);
 }
 
 static void bcast_chain_cost(int size, size_t nbytes, xccl_cost_t *out)

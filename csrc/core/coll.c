@@ -120,10 +120,25 @@ static void send_ctrl_flags(xccl_comm_t *comm, int peer, uint64_t seq, uint64_t 
 /* ------------------------------------------------------------------------------------------ */
 
 const xccl_coll_args_t *xccl_task_args(const xccl_task_t *t) { return &t->args; }
-int                     xccl_task_rank(const xccl_task_t *t) { return t->work->comm->rank; }
-int                     xccl_task_size(const xccl_task_t *t) { return t->work->comm->size; }
 uint64_t               *xccl_task_state(xccl_task_t *t) { return t->state; }
-int                     xccl_task_pending(const xccl_task_t *t) { return t->npending; }
+
+int xccl_task_rank(const xccl_task_t *t)
+{
+    return t->parent != NULL ? t->rank : t->work->comm->rank;
+}
+
+int xccl_task_size(const xccl_task_t *t)
+{
+    return t->parent != NULL ? t->size : t->work->comm->size;
+}
+
+/* Sub-task helpers (xccl_task_sub) are below the primitives. */
+static int sub_pending(const xccl_task_t *t, xccl_status_t *err);
+
+int xccl_task_pending(const xccl_task_t *t)
+{
+    return t->parent != NULL ? sub_pending(t, NULL) : t->npending;
+}
 
 static xccl_status_t task_post(xccl_task_t *t, req_kind_t kind, int peer, void *buf,
                                size_t nbytes, uint32_t step)
@@ -133,6 +148,14 @@ static xccl_status_t task_post(xccl_task_t *t, req_kind_t kind, int peer, void *
     xccl_req_t  *r;
     xccl_status_t st;
 
+    if (t->parent != NULL) { /* a sub-task: post as its parent, in the parent's terms */
+        if (peer < 0 || peer >= t->size || peer == t->rank || step >= t->step_span)
+            return XCCL_ERROR(XCCL_ERR_INTERNAL, "%s: sub-task %s posted an invalid %s (member "
+                              "%d of %d, step %u of %u) on rank %d", w->name, t->algo->name,
+                              kind == REQ_SEND ? "send" : "receive", peer, t->size, step,
+                              t->step_span, comm->rank);
+        return task_post(t->parent, kind, t->map[peer], buf, nbytes, t->step_base + step);
+    }
     if (peer < 0 || peer >= comm->size || peer == comm->rank || step > XCCL_STEP_MAX)
         return XCCL_ERROR(XCCL_ERR_INTERNAL, "%s: algorithm %s posted an invalid %s (peer %d, "
                           "step %u) on rank %d", w->name, t->algo->name,
@@ -153,6 +176,51 @@ static xccl_status_t task_post(xccl_task_t *t, req_kind_t kind, int peer, void *
     return st;
 }
 
+/* The Work's own task, which holds the requests of its sub-tasks, and a sub-task's step range
+ * [*lo, *lo + span) in the Work's steps. */
+static xccl_task_t *sub_root(const xccl_task_t *t, uint32_t *lo)
+{
+    *lo = 0;
+    for (; t->parent != NULL; t = t->parent) *lo += t->step_base;
+    return &t->work->task;
+}
+
+/* Requests of sub-task t not finished yet; *err: the first that failed (unchanged if none). */
+static int sub_pending(const xccl_task_t *t, xccl_status_t *err)
+{
+    uint32_t     lo;
+    xccl_task_t *root = sub_root(t, &lo);
+    int          n    = 0;
+
+    for (const xccl_req_t *r = root->reqs; r != NULL; r = r->wnext) {
+        if (r->step < lo || r->step - lo >= t->step_span) continue;
+        if (r->state != REQ_DONE) n++;
+        else if (r->status < 0 && err != NULL && *err == XCCL_OK) *err = r->status;
+    }
+    return n;
+}
+
+/* xccl_task_test for a sub-task: its requests are the Work's requests in its step range. */
+static xccl_status_t sub_test(xccl_task_t *t)
+{
+    xccl_status_t err = XCCL_OK;
+    uint32_t      lo;
+    xccl_task_t  *root = sub_root(t, &lo);
+
+    if (sub_pending(t, &err) > 0 || err < 0) return err < 0 ? err : XCCL_INPROGRESS;
+    for (xccl_req_t **pp = &root->reqs; *pp != NULL;) {
+        xccl_req_t *r = *pp;
+        if (r->step < lo || r->step - lo >= t->step_span) {
+            pp = &r->wnext;
+            continue;
+        }
+        *pp = r->wnext;
+        free(r->trash);
+        free(r);
+    }
+    return XCCL_OK;
+}
+
 xccl_status_t xccl_task_isend(xccl_task_t *t, int peer, const void *buf, size_t nbytes,
                               uint32_t step)
 {
@@ -170,6 +238,7 @@ xccl_status_t xccl_task_test(xccl_task_t *t)
         xccl_status_t st = atomic_load(&t->work->status);
         return st < 0 ? st : XCCL_ERR_ABORTED;
     }
+    if (t->parent != NULL) return sub_test(t);
     for (xccl_req_t *r = t->reqs; r != NULL; r = r->wnext) {
         if (r->state == REQ_DONE && r->status < 0) return r->status;
     }
@@ -192,6 +261,8 @@ xccl_status_t xccl_task_reduce(xccl_task_t *t, void *dst, const void *a, const v
     if (t0) xccl_trace_reduce(t, dst, count * t->args.elsize, t0);
     return st;
 }
+
+static void sub_free_all(xccl_task_t *t);
 
 /* Scratch is lent by the communicator: the largest buffer a finished operation used is kept
  * (up to XCCL_SCRATCH_KEEP bytes) for the next one, so a large collective does not map, fault
@@ -224,6 +295,7 @@ void xccl_task_scratch_return(xccl_task_t *t, int reuse)
 {
     xccl_comm_t *comm = t->work->comm;
 
+    sub_free_all(t);
     if (t->scratch == NULL) return;
     if (reuse && t->scratch_len <= XCCL_SCRATCH_KEEP && t->scratch_len > comm->spare_len) {
         free(comm->spare);
@@ -234,6 +306,91 @@ void xccl_task_scratch_return(xccl_task_t *t, int reuse)
     }
     t->scratch     = NULL;
     t->scratch_len = 0;
+}
+
+/* Sub-tasks (task.h). A sub-task is a task of the same Work whose posts go through its parent
+ * (peers mapped, steps offset) down to the Work's own task, which holds every request: the
+ * Work's failure handling, hang diagnosis and traces see them like any other. Lock held. */
+static void sub_free(xccl_task_t *s, int reuse)
+{
+    xccl_task_scratch_return(s, reuse); /* frees its own sub-tasks first */
+    free(s->map);
+    free(s);
+}
+
+static void sub_free_all(xccl_task_t *t)
+{
+    for (int i = 0; i < XCCL_TASK_SUBS; i++) {
+        if (t->sub[i] != NULL) sub_free(t->sub[i], 0);
+        t->sub[i] = NULL;
+    }
+}
+
+uint32_t xccl_task_step_limit(const xccl_task_t *t)
+{
+    return t->parent != NULL ? t->step_span : XCCL_STEP_MAX + 1u;
+}
+
+static xccl_status_t sub_create(xccl_task_t *t, const xccl_algo_t *algo,
+                                const xccl_coll_args_t *args, const int *map, int nsub,
+                                uint32_t step_base, uint32_t step_span, xccl_task_t **out)
+{
+    const char  *name = t->work->name;
+    int          me = xccl_task_rank(t), size = xccl_task_size(t), rank = -1;
+    xccl_task_t *s;
+
+    if (algo == NULL || args == NULL || map == NULL || nsub < 1 || step_span == 0 ||
+        step_base > xccl_task_step_limit(t) || step_span > xccl_task_step_limit(t) - step_base)
+        return XCCL_ERROR(XCCL_ERR_INTERNAL, "%s: algorithm %s started an invalid sub-task "
+                          "(%d members, steps %u + %u)", name, t->algo->name, nsub, step_base,
+                          step_span);
+    for (int i = 0; i < nsub; i++) {
+        int dup = 0;
+        for (int j = 0; j < i; j++) dup |= map[j] == map[i];
+        if (map[i] < 0 || map[i] >= size || dup)
+            return XCCL_ERROR(XCCL_ERR_INTERNAL, "%s: sub-task %s: member %d is rank %d of %d%s",
+                              name, algo->name, i, map[i], size, dup ? " twice" : "");
+        if (map[i] == me) rank = i;
+    }
+    if (rank < 0)
+        return XCCL_ERROR(XCCL_ERR_INTERNAL, "%s: sub-task %s started on rank %d, not a member",
+                          name, algo->name, me);
+    s = calloc(1, sizeof(*s));
+    if (s != NULL) s->map = malloc((size_t)nsub * sizeof(int));
+    if (s == NULL || s->map == NULL) {
+        free(s);
+        return XCCL_ERROR(XCCL_ERR_NO_MEMORY, "%s: out of memory", name);
+    }
+    memcpy(s->map, map, (size_t)nsub * sizeof(int));
+    s->algo      = algo;
+    s->args      = *args;
+    s->work      = t->work;
+    s->parent    = t;
+    s->rank      = rank;
+    s->size      = nsub;
+    s->step_base = step_base;
+    s->step_span = step_span;
+    *out         = s;
+    return XCCL_OK;
+}
+
+xccl_status_t xccl_task_sub(xccl_task_t *t, int slot, const xccl_algo_t *algo,
+                            const xccl_coll_args_t *args, const int *map, int nsub,
+                            uint32_t step_base, uint32_t step_span)
+{
+    xccl_status_t st;
+
+    if (slot < 0 || slot >= XCCL_TASK_SUBS)
+        return XCCL_ERROR(XCCL_ERR_INTERNAL, "%s: algorithm %s: sub-task slot %d", t->work->name,
+                          t->algo->name, slot);
+    if (t->sub[slot] == NULL)
+        XCCL_CHECK(sub_create(t, algo, args, map, nsub, step_base, step_span, &t->sub[slot]));
+    st = t->sub[slot]->algo->progress(t->sub[slot]);
+    if (st == XCCL_OK) {
+        sub_free(t->sub[slot], 1);
+        t->sub[slot] = NULL;
+    }
+    return st;
 }
 
 /* ------------------------------------------------------------------------------------------ */

@@ -151,6 +151,13 @@ struct xccl_task {
     size_t             scratch_len;
     int                sent_next; /* a message of this operation went to rank + 1        */
     xccl_work_t       *work;
+    /* sub-tasks (coll.c, xccl_task_sub): a sub-task posts through its parent, its peers mapped
+     * by `map` and its steps offset by step_base; its requests live on the Work's own task. */
+    xccl_task_t       *parent;     /* NULL: the Work's own task                            */
+    int               *map;        /* sub-task: parent rank of each member (owned)         */
+    int                rank, size; /* sub-task: its own rank and member count              */
+    uint32_t           step_base, step_span;
+    xccl_task_t       *sub[XCCL_TASK_SUBS]; /* running sub-tasks (owned)                  */
 };
 
 struct xccl_work {

@@ -108,6 +108,7 @@ typedef struct xccl_coll_args {
 #define XCCL_TASK_STATE_WORDS 16
 
 typedef struct xccl_task xccl_task_t;
+typedef struct xccl_algo xccl_algo_t; /* below */
 
 const xccl_coll_args_t *xccl_task_args(const xccl_task_t *t);
 int                     xccl_task_rank(const xccl_task_t *t);
@@ -133,6 +134,29 @@ xccl_status_t xccl_task_reduce(xccl_task_t *t, void *dst, const void *a, const v
  * moves it: take pointers after the last call. NULL when out of memory. */
 void         *xccl_task_scratch(xccl_task_t *t, size_t nbytes);
 
+/* The bound on step numbers of this task: XCCL_STEP_MAX + 1 for a collective, its step span
+ * for a sub-task. Steps must stay below it. */
+uint32_t      xccl_task_step_limit(const xccl_task_t *t);
+
+/* Sub-tasks: an algorithm runs another algorithm on some of its ranks as part of its own
+ * schedule. A sub-task has its own arguments, members, state words and scratch; inside it
+ * xccl_task_rank / size / args / state / scratch are its own and peers are member indices.
+ * Member i is rank map[i] of the calling task (distinct ranks, the caller among them). Its
+ * message step s travels as step_base + s of the caller (s < step_span): every member must use
+ * the same base, and the caller's own messages and the sub-tasks running beside it must use
+ * disjoint step ranges. Its requests count as the caller's pending work (xccl_task_test and
+ * xccl_task_pending on the caller include them). Buffers in its arguments must stay valid (the
+ * caller's scratch must not grow) until it completes. XCCL_TASK_SUBS may run at once. */
+#define XCCL_TASK_SUBS 4
+
+/* Runs the sub-task in `slot` once and returns what its progress returned. The first call, or
+ * the first after the slot's previous sub-task completed, creates it from algo, args and map
+ * (copied; later calls ignore them) with zeroed state words. On XCCL_OK it is gone and the
+ * slot is free again; on an error it is freed with the caller. */
+xccl_status_t xccl_task_sub(xccl_task_t *t, int slot, const xccl_algo_t *algo,
+                            const xccl_coll_args_t *args, const int *map, int nsub,
+                            uint32_t step_base, uint32_t step_span);
+
 /* What one rank does in an algorithm, on the critical path: `steps` rounds of messages,
  * `bytes` sent, `reduce_bytes` combined locally. Predicted time = the model applied to it. */
 typedef struct xccl_cost {
@@ -141,7 +165,7 @@ typedef struct xccl_cost {
     double reduce_bytes;
 } xccl_cost_t;
 
-typedef struct xccl_algo {
+struct xccl_algo {
     const char *name;    /* "ring", "rd", "rabenseifner", "binomial", "bruck", ... */
     xccl_coll_t coll;
     const char *summary; /* one line: the schedule, steps and bytes on the wire      */
@@ -158,7 +182,7 @@ typedef struct xccl_algo {
      * inside nodes (`intra`, priced with topo->intra) and between nodes (`inter`). */
     void (*cost_topo)(const xccl_topo_t *topo, int size, size_t nbytes, xccl_cost_t *intra,
                       xccl_cost_t *inter);
-} xccl_algo_t;
+};
 
 /* ---------------------------------------------------------------------------------------------
  * Selection policy: the core asks it which algorithm runs a call and what algorithms exist;

@@ -41,6 +41,15 @@ struct xccl_task {
     size_t                  scratch_bytes;
     req_vec_t               reqs; /* posted and not yet forgotten by xccl_task_test */
     int                     finished;
+    /* sub-tasks (xccl_task_sub): rank and size are the sub-task's own; a request of a sub-task
+     * is in its own reqs but names the simulated ranks and the absolute step */
+    const xccl_algo_t      *algo;
+    xccl_task_t            *parent;
+    int                    *map;
+    int                     size;
+    uint32_t                step_base, step_span;
+    xccl_coll_args_t        own_args;
+    xccl_task_t            *sub[XCCL_TASK_SUBS];
 };
 
 struct sim {
@@ -106,17 +115,63 @@ static int overlaps(const void *a, size_t na, const void *b, size_t nb)
     return na != 0 && nb != 0 && pa < pb + nb && pb < pa + na;
 }
 
-/* The first request t has not forgotten (receives only, with recvs_only) whose buffer meets
- * [buf, buf + nbytes). */
-static const sim_req_t *find_overlap(const xccl_task_t *t, const void *buf, size_t nbytes,
-                                     int recvs_only)
+static const xccl_task_t *root_of(const xccl_task_t *t)
+{
+    while (t->parent != NULL) t = t->parent;
+    return t;
+}
+
+/* The first request of t or its sub-tasks not forgotten (receives only, with recvs_only) whose
+ * buffer meets [buf, buf + nbytes). */
+static const sim_req_t *find_overlap_in(const xccl_task_t *t, const void *buf, size_t nbytes,
+                                        int recvs_only)
 {
     for (size_t i = 0; i < t->reqs.n; i++) {
         const sim_req_t *r = t->reqs.v[i];
         if (recvs_only && r->is_send) continue;
         if (overlaps(r->buf, r->nbytes, buf, nbytes)) return r;
     }
+    for (int i = 0; i < XCCL_TASK_SUBS; i++) {
+        const sim_req_t *r;
+        if (t->sub[i] != NULL && (r = find_overlap_in(t->sub[i], buf, nbytes, recvs_only)))
+            return r;
+    }
     return NULL;
+}
+
+/* The same over the whole rank: the collective's task and every sub-task. */
+static const sim_req_t *find_overlap(const xccl_task_t *t, const void *buf, size_t nbytes,
+                                     int recvs_only)
+{
+    return find_overlap_in(root_of(t), buf, nbytes, recvs_only);
+}
+
+/* Requests of t and its sub-tasks not delivered yet. */
+static int pending_of(const xccl_task_t *t)
+{
+    int n = 0;
+    for (size_t i = 0; i < t->reqs.n; i++) n += !t->reqs.v[i]->done;
+    for (int i = 0; i < XCCL_TASK_SUBS; i++)
+        if (t->sub[i] != NULL) n += pending_of(t->sub[i]);
+    return n;
+}
+
+static void task_free(xccl_task_t *t)
+{
+    for (int i = 0; i < XCCL_TASK_SUBS; i++) {
+        if (t->sub[i] == NULL) continue;
+        task_free(t->sub[i]);
+        free(t->sub[i]);
+        t->sub[i] = NULL;
+    }
+    for (size_t i = 0; i < t->reqs.n; i++) free(t->reqs.v[i]);
+    free(t->reqs.v);
+    free(t->scratch);
+    free(t->map);
+    t->reqs.v  = NULL;
+    t->reqs.n  = 0;
+    t->scratch = NULL;
+    t->map     = NULL;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -125,19 +180,34 @@ static const sim_req_t *find_overlap(const xccl_task_t *t, const void *buf, size
 
 const xccl_coll_args_t *xccl_task_args(const xccl_task_t *t) { return t->args; }
 int                     xccl_task_rank(const xccl_task_t *t) { return t->rank; }
-int                     xccl_task_size(const xccl_task_t *t) { return t->sim->size; }
+int xccl_task_size(const xccl_task_t *t) { return t->parent ? t->size : t->sim->size; }
+
+uint32_t xccl_task_step_limit(const xccl_task_t *t)
+{
+    return t->parent ? t->step_span : XCCL_STEP_MAX + 1u;
+}
 uint64_t               *xccl_task_state(xccl_task_t *t) { return t->state; }
 
 static xccl_status_t post(xccl_task_t *t, int is_send, int peer, void *buf, size_t nbytes,
                           uint32_t step)
 {
-    sim_t           *sim = t->sim;
-    const char      *what = is_send ? "send to" : "recv from";
-    const sim_req_t *o;
-    sim_req_t       *r;
-    req_vec_t       *mine, *theirs;
-    int              pair;
+    sim_t             *sim = t->sim;
+    const char        *what = is_send ? "send to" : "recv from";
+    const sim_req_t   *o;
+    sim_req_t         *r;
+    req_vec_t         *mine, *theirs;
+    int                pair;
+    const xccl_task_t *owner = t;
 
+    /* a sub-task's message, in the terms of the simulated ranks */
+    for (; t->parent != NULL; t = t->parent) {
+        if (peer < 0 || peer >= t->size || peer == t->rank || step >= t->step_span)
+            return sim_fail(sim, "rank %d: sub-task %s: %s member %d of %d, step %u of %u",
+                            root_of(t)->rank, t->algo->name, what, peer, t->size, step,
+                            t->step_span);
+        peer = t->map[peer];
+        step += t->step_base;
+    }
     if (peer < 0 || peer >= sim->size || peer == t->rank)
         return sim_fail(sim, "rank %d: %s invalid peer %d (step %u)", t->rank, what, peer, step);
     if (step > XCCL_STEP_MAX)
@@ -152,7 +222,7 @@ static xccl_status_t post(xccl_task_t *t, int is_send, int peer, void *buf, size
                         t->rank, what, peer, step, nbytes, o->is_send ? "send to" : "recv from",
                         o->peer, o->step);
     r = calloc(1, sizeof(*r));
-    if (r == NULL || vec_push(&t->reqs, r) != 0) {
+    if (r == NULL || vec_push((req_vec_t *)&owner->reqs, r) != 0) {
         free(r);
         return sim_fail(sim, "sim: out of memory");
     }
@@ -212,18 +282,72 @@ xccl_status_t xccl_task_irecv(xccl_task_t *t, int peer, void *buf, size_t nbytes
 xccl_status_t xccl_task_test(xccl_task_t *t)
 {
     if (t->sim->failed) return XCCL_ERR_INTERNAL;
-    for (size_t i = 0; i < t->reqs.n; i++)
-        if (!t->reqs.v[i]->done) return XCCL_INPROGRESS;
+    if (pending_of(t) > 0) return XCCL_INPROGRESS; /* sub-tasks' requests count too */
     for (size_t i = 0; i < t->reqs.n; i++) free(t->reqs.v[i]);
     t->reqs.n = 0;
     return XCCL_OK;
 }
 
-int xccl_task_pending(const xccl_task_t *t)
+int xccl_task_pending(const xccl_task_t *t) { return pending_of(t); }
+
+xccl_status_t xccl_task_sub(xccl_task_t *t, int slot, const xccl_algo_t *algo,
+                            const xccl_coll_args_t *args, const int *map, int nsub,
+                            uint32_t step_base, uint32_t step_span)
 {
-    int n = 0;
-    for (size_t i = 0; i < t->reqs.n; i++) n += !t->reqs.v[i]->done;
-    return n;
+    sim_t        *sim  = t->sim;
+    int           root = root_of(t)->rank, size = xccl_task_size(t), rank = -1;
+    xccl_task_t  *s;
+    xccl_status_t st;
+
+    if (slot < 0 || slot >= XCCL_TASK_SUBS)
+        return sim_fail(sim, "rank %d: sub-task slot %d", root, slot);
+    if (t->sub[slot] == NULL) {
+        uint32_t limit = xccl_task_step_limit(t);
+        if (algo == NULL || args == NULL || map == NULL || nsub < 1 || step_span == 0 ||
+            step_base > limit || step_span > limit - step_base)
+            return sim_fail(sim, "rank %d: invalid sub-task (%d members, steps %u + %u of %u)",
+                            root, nsub, step_base, step_span, limit);
+        for (int i = 0; i < nsub; i++) {
+            for (int j = 0; j < i; j++)
+                if (map[j] == map[i])
+                    return sim_fail(sim, "rank %d: sub-task %s: rank %d is members %d and %d",
+                                    root, algo->name, map[i], j, i);
+            if (map[i] < 0 || map[i] >= size)
+                return sim_fail(sim, "rank %d: sub-task %s: member %d is rank %d of %d", root,
+                                algo->name, i, map[i], size);
+            if (map[i] == t->rank) rank = i;
+        }
+        if (rank < 0) return sim_fail(sim, "rank %d: sub-task %s without it", root, algo->name);
+        s = calloc(1, sizeof(*s));
+        if (s == NULL || (s->map = malloc((size_t)nsub * sizeof(int))) == NULL) {
+            free(s);
+            return sim_fail(sim, "sim: out of memory");
+        }
+        memcpy(s->map, map, (size_t)nsub * sizeof(int));
+        s->sim       = sim;
+        s->rank      = rank;
+        s->size      = nsub;
+        s->algo      = algo;
+        s->parent    = t;
+        s->own_args  = *args;
+        s->args      = &s->own_args;
+        s->step_base = step_base;
+        s->step_span = step_span;
+        t->sub[slot] = s;
+        sim->events++;
+    }
+    s  = t->sub[slot];
+    st = s->algo->progress(s);
+    if (st == XCCL_OK) {
+        if (pending_of(s) > 0 || s->reqs.n != 0)
+            return sim_fail(sim, "rank %d: sub-task %s returned XCCL_OK with requests not tested",
+                            root, s->algo->name);
+        task_free(s);
+        free(s);
+        t->sub[slot] = NULL;
+        sim->events++;
+    }
+    return st;
 }
 
 xccl_status_t xccl_task_reduce(xccl_task_t *t, void *dst, const void *a, const void *b,
@@ -239,8 +363,8 @@ xccl_status_t xccl_task_reduce(xccl_task_t *t, void *dst, const void *a, const v
         return sim_fail(sim, "rank %d: reduce of %zu B touches its pending %s %d step %u",
                         t->rank, nbytes, o->is_send ? "send to" : "recv from", o->peer, o->step);
     sim->events++;
-    sim->res->reduce_bytes[t->rank] += nbytes;
-    sim->res->reduce_calls[t->rank]++;
+    sim->res->reduce_bytes[root_of(t)->rank] += nbytes;
+    sim->res->reduce_calls[root_of(t)->rank]++;
     return xccl_reduce2(dst, a, b, count, args->dtype, args->op);
 }
 
@@ -291,6 +415,24 @@ static void deliver(sim_t *sim, int random)
     }
 }
 
+/* Appends t's pending requests and its sub-tasks' to e (length *len of cap). */
+static void describe_pending(const xccl_task_t *t, char *e, size_t cap, size_t *len)
+{
+    for (size_t i = 0; i < t->reqs.n && *len < cap; i++) {
+        const sim_req_t *q = t->reqs.v[i];
+        if (q->done) continue;
+        *len += (size_t)snprintf(e + *len, cap - *len, " %s %d step %u %zuB%s",
+                                 q->is_send ? "send->" : "recv<-", q->peer, q->step, q->nbytes,
+                                 q->match ? " (matched)" : "");
+    }
+    for (int i = 0; i < XCCL_TASK_SUBS; i++) {
+        if (t->sub[i] == NULL || *len >= cap) continue;
+        *len += (size_t)snprintf(e + *len, cap - *len, " {sub %s:", t->sub[i]->algo->name);
+        describe_pending(t->sub[i], e, cap, len);
+        if (*len < cap) *len += (size_t)snprintf(e + *len, cap - *len, "}");
+    }
+}
+
 static void describe_deadlock(sim_t *sim, long pass)
 {
     char  *e   = sim->res->error;
@@ -301,13 +443,7 @@ static void describe_deadlock(sim_t *sim, long pass)
         const xccl_task_t *t = &sim->tasks[r];
         if (t->finished) continue;
         len += (size_t)snprintf(e + len, cap - len, " [rank %d:", r);
-        for (size_t i = 0; i < t->reqs.n && len < cap; i++) {
-            const sim_req_t *q = t->reqs.v[i];
-            if (q->done) continue;
-            len += (size_t)snprintf(e + len, cap - len, " %s %d step %u %zuB%s",
-                                    q->is_send ? "send->" : "recv<-", q->peer, q->step,
-                                    q->nbytes, q->match ? " (matched)" : "");
-        }
+        describe_pending(t, e, cap, &len);
         if (len < cap) len += (size_t)snprintf(e + len, cap - len, "]");
     }
     sim->failed = 1;
@@ -342,6 +478,7 @@ xccl_status_t sim_run(const xccl_algo_t *algo, int size, const xccl_coll_args_t 
         sim.tasks[r].sim  = &sim;
         sim.tasks[r].rank = r;
         sim.tasks[r].args = &args[r];
+        sim.tasks[r].algo = algo;
     }
 
     for (pass = 0; left > 0; pass++) {
@@ -366,6 +503,12 @@ xccl_status_t sim_run(const xccl_algo_t *algo, int size, const xccl_coll_args_t 
                 goto out;
             }
             if (st == XCCL_OK) {
+                for (int i = 0; i < XCCL_TASK_SUBS; i++) {
+                    if (t->sub[i] == NULL) continue;
+                    st = sim_fail(&sim, "rank %d: %s returned XCCL_OK with sub-task %s running",
+                                  r, algo->name, t->sub[i]->algo->name);
+                    goto out;
+                }
                 if (t->reqs.n != 0) {
                     st = sim_fail(&sim, "rank %d: %s returned XCCL_OK with %zu requests "
                                         "not tested",
@@ -392,11 +535,7 @@ xccl_status_t sim_run(const xccl_algo_t *algo, int size, const xccl_coll_args_t 
 
 out:
     if (sim.tasks != NULL) {
-        for (int r = 0; r < size; r++) {
-            for (size_t i = 0; i < sim.tasks[r].reqs.n; i++) free(sim.tasks[r].reqs.v[i]);
-            free(sim.tasks[r].reqs.v);
-            free(sim.tasks[r].scratch);
-        }
+        for (int r = 0; r < size; r++) task_free(&sim.tasks[r]);
     }
     for (int i = 0; sim.sends && sim.recvs && i < size * size; i++) {
         free(sim.sends[i].v);

@@ -9,6 +9,7 @@
  * (recursive doubling among the leaders with the fold; a binomial tree for broadcast). The
  * selection test prices hier against the one-level algorithms with slow links between nodes.
  */
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,7 +20,8 @@
 #include "ctest.h"
 #include "sim.h"
 
-extern const xccl_algo_t xccl_algo_allreduce_hier, xccl_algo_broadcast_hier;
+extern const xccl_algo_t xccl_algo_allreduce_hier, xccl_algo_allreduce_hier_rs,
+    xccl_algo_broadcast_hier;
 
 #define MAXN 16
 
@@ -188,6 +190,113 @@ static void check_broadcast(int n, layout_t l, size_t count, int root)
         free(buf[r]);
 }
 
+/* Every node as large as node 0 (hier_rs runs only then). */
+static int equal_nodes(const int *node_of, int n, int nnodes)
+{
+    int L0 = 0;
+
+    for (int r = 0; r < n; r++) L0 += node_of[r] == 0;
+    return L0 * nnodes == n;
+}
+
+/* all_reduce hier_rs on random floats: the same bytes on every rank, within rounding of the
+ * sum computed here; across nodes only the chunk all-reduce (phase B, steps [S, 2S)) and the
+ * tail (steps [3S, 4S)); with no tail, what crosses and what stays inside is what cost_topo
+ * says. Layouts with unequal nodes must be refused. */
+static void check_hier_rs(int n, layout_t l, size_t count, xccl_dtype_t dt)
+{
+    const uint32_t   S = (XCCL_STEP_MAX + 1u) / 4;
+    int              node_of[MAXN];
+    xccl_topo_t      topo = {0};
+    xccl_coll_args_t args[MAXN];
+    void            *buf[MAXN];
+    double          *ref  = calloc(count + 1, sizeof(double));
+    size_t           es   = dt == XCCL_FLOAT32 ? 4 : 8;
+    sim_opts_t       opts = {.seed = (uint64_t)(n * 7919 + l * 13 + (int)count)};
+    uint64_t         rng  = (uint64_t)(n * 31 + l) * 0x9E3779B97F4A7C15ull + count;
+    size_t           cross[MAXN] = {0}, inside[MAXN] = {0};
+    sim_result_t     res;
+    xccl_status_t    st;
+    char             what[160];
+    int              L, H;
+
+    topo.nnodes  = make_layout(l, n, node_of);
+    topo.node_of = node_of;
+    topo.intra   = (xccl_cost_model_t){1e-6, 1.0 / 5e9, 1.0 / 4e9};
+    topo.inter   = (xccl_cost_model_t){50e-6, 1.0 / 1e9, 1.0 / 4e9};
+    H            = topo.nnodes;
+    L            = n / H;
+    snprintf(what, sizeof(what), "all_reduce hier_rs n=%d (%s, %d nodes) count=%zu %s", n,
+             layout_name[l], H, count, dt == XCCL_FLOAT32 ? "float32" : "float64");
+    for (int r = 0; r < n; r++) {
+        buf[r] = malloc(count * es + 1);
+        for (size_t i = 0; i < count; i++) {
+            double v;
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            v   = ((double)(rng >> 11) / 9007199254740992.0 - 0.5) * 100.0;
+            if (dt == XCCL_FLOAT32) {
+                ((float *)buf[r])[i] = (float)v;
+                ref[i] += (float)v;
+            } else {
+                ((double *)buf[r])[i] = v;
+                ref[i] += v;
+            }
+        }
+        args[r] = (xccl_coll_args_t){.coll   = XCCL_COLL_ALLREDUCE,
+                                     .sbuf   = buf[r],
+                                     .rbuf   = buf[r],
+                                     .count  = count,
+                                     .dtype  = dt,
+                                     .elsize = es,
+                                     .op     = XCCL_OP_SUM,
+                                     .topo   = l == L_NONE ? NULL : &topo};
+    }
+    if (l != L_NONE && !equal_nodes(node_of, n, H)) {
+        CHECK_MSG(!xccl_algo_allreduce_hier_rs.applicable(&args[0], n), "%s: applicable", what);
+        goto out;
+    }
+    CHECK_MSG(xccl_algo_allreduce_hier_rs.applicable(&args[0], n), "%s: not applicable", what);
+    st = sim_run(&xccl_algo_allreduce_hier_rs, n, args, &opts, &res);
+    CHECK_MSG(st == XCCL_OK, "%s: %s", what, res.error);
+    for (int r = 1; st == XCCL_OK && r < n; r++)
+        CHECK_MSG(memcmp(buf[r], buf[0], count * es) == 0, "%s: rank %d differs from rank 0",
+                  what, r);
+    for (size_t i = 0; st == XCCL_OK && i < count; i++) {
+        double got = dt == XCCL_FLOAT32 ? ((float *)buf[0])[i] : ((double *)buf[0])[i];
+        if (fabs(got - ref[i]) > (dt == XCCL_FLOAT32 ? 1e-3 : 1e-10) * n) {
+            CHECK_MSG(0, "%s: element %zu = %.9g, want %.9g", what, i, got, ref[i]);
+            break;
+        }
+    }
+    for (size_t m = 0; st == XCCL_OK && m < res.nmsgs; m++) {
+        const sim_msg_t *g = &res.msgs[m];
+        if (l == L_NONE || node_of[g->src] == node_of[g->dst]) {
+            inside[g->src] += g->nbytes;
+            continue;
+        }
+        cross[g->src] += g->nbytes;
+        CHECK_MSG((g->step >= S && g->step < 2 * S) || g->step >= 3 * S,
+                  "%s: rank %d -> %d step %u crossed nodes", what, g->src, g->dst, g->step);
+    }
+    if (st == XCCL_OK && l != L_NONE && count % (size_t)L == 0 && count > 0) {
+        xccl_cost_t intra, inter;
+        xccl_algo_allreduce_hier_rs.cost_topo(&topo, n, count * es, &intra, &inter);
+        for (int r = 0; r < n; r++) {
+            CHECK_MSG((double)inside[r] == intra.bytes, "%s: rank %d sent %zu B inside, cost %g",
+                      what, r, inside[r], intra.bytes);
+            if ((count / (size_t)L) % (size_t)H == 0 && xccl_pat_is_pow2(H))
+                CHECK_MSG((double)cross[r] == inter.bytes,
+                          "%s: rank %d sent %zu B across, cost %g", what, r, cross[r],
+                          inter.bytes);
+        }
+    }
+    sim_result_free(&res);
+out:
+    for (int r = 0; r < n; r++)
+        free(buf[r]);
+    free(ref);
+}
+
 static void test_results(void)
 {
     static const int    ns[]     = {2, 3, 4, 5, 6, 7, 8, 9, 12, 16};
@@ -198,6 +307,8 @@ static void test_results(void)
         for (int l = 0; l < L_COUNT; l++) {
             for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++) {
                 check_allreduce(n, (layout_t)l, counts[c], XCCL_OP_SUM);
+                check_hier_rs(n, (layout_t)l, counts[c], XCCL_FLOAT32);
+                if (c == 3) check_hier_rs(n, (layout_t)l, 4 * counts[c] + 3, XCCL_FLOAT64);
                 if (c == 2) check_allreduce(n, (layout_t)l, counts[c], XCCL_OP_MAX);
                 for (int root = 0; root < n; root += (n > 6 ? 3 : 1))
                     check_broadcast(n, (layout_t)l, counts[c], root);
@@ -231,6 +342,19 @@ static void test_selection(void)
     args.topo    = &topo;
     st           = xccl_algo_select(&args, 8, 8, &topo.inter, NULL, &chosen);
     CHECK(st == XCCL_OK && chosen == &xccl_algo_allreduce_hier);
+    /* large all_reduces: the bandwidth-optimal two-level one; not where nodes are unequal */
+    args.count = (size_t)16 << 20;
+    st         = xccl_algo_select(&args, 8, (size_t)64 << 20, &topo.inter, NULL, &chosen);
+    CHECK_MSG(st == XCCL_OK && chosen == &xccl_algo_allreduce_hier_rs, "chose %s",
+              chosen ? chosen->name : "?");
+    node_of[3] = 1; /* nodes of 3 and 5 */
+    st         = xccl_algo_select(&args, 8, (size_t)64 << 20, &topo.inter, NULL, &chosen);
+    CHECK_MSG(st == XCCL_OK && chosen != &xccl_algo_allreduce_hier_rs, "chose %s",
+              chosen ? chosen->name : "?");
+    CHECK(xccl_algo_select(&args, 8, (size_t)64 << 20, &topo.inter, "hier_rs", &chosen) ==
+          XCCL_ERR_INVALID_ARG);
+    node_of[3] = 0;
+    args.count = 2;
     /* broadcast: linear from 1 MiB on one node whose receivers pull (cross-memory attach) */
     {
         xccl_coll_args_t b = args;

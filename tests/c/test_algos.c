@@ -25,7 +25,8 @@
 #include "sim.h"
 
 extern const xccl_algo_t xccl_algo_allreduce_ring, xccl_algo_allreduce_rd,
-    xccl_algo_allreduce_rabenseifner, xccl_algo_allreduce_direct, xccl_algo_allreduce_owner;
+    xccl_algo_allreduce_rabenseifner, xccl_algo_allreduce_direct, xccl_algo_allreduce_owner,
+    xccl_algo_allreduce_hier, xccl_algo_allreduce_hier_rs;
 extern const xccl_algo_t xccl_algo_allgather_ring, xccl_algo_allgather_rd,
     xccl_algo_allgather_bruck, xccl_algo_allgather_direct;
 extern const xccl_algo_t xccl_algo_reduce_scatter_ring, xccl_algo_reduce_scatter_rhd,
@@ -373,8 +374,9 @@ static void test_patterns(void)
  * ============================================================================================= */
 
 static const xccl_algo_t *const allreduce_algos[] = {
-    &xccl_algo_allreduce_ring, &xccl_algo_allreduce_rd, &xccl_algo_allreduce_rabenseifner,
-    &xccl_algo_allreduce_direct, &xccl_algo_allreduce_owner, NULL};
+    &xccl_algo_allreduce_ring,   &xccl_algo_allreduce_rd,   &xccl_algo_allreduce_rabenseifner,
+    &xccl_algo_allreduce_direct, &xccl_algo_allreduce_owner, &xccl_algo_allreduce_hier,
+    &xccl_algo_allreduce_hier_rs, NULL};
 
 /* Chunks per block of the owner algorithms for blocks of at most block_max elements, and the
  * messages one block of bcnt elements takes (empty chunks are not sent). */
@@ -449,6 +451,17 @@ static void allreduce_traffic(const xccl_algo_t *a, int n, size_t count, size_t 
                 CHECK_MSG((double)b == c.bytes && (double)red == c.reduce_bytes,
                           "%s rank %d: %zu B %zu reduced, cost %g %g", what, r, b, red, c.bytes,
                           c.reduce_bytes);
+        } else if (a == &xccl_algo_allreduce_hier_rs) {
+            /* one node: its ring reduce-scatter and ring all-gather sub-tasks, priced as such */
+            if (count % (size_t)n == 0)
+                CHECK_MSG((double)b == c.bytes && (double)red == c.reduce_bytes,
+                          "%s rank %d: %zu B %zu reduced, cost %g %g", what, r, b, red, c.bytes,
+                          c.reduce_bytes);
+        } else if (a == &xccl_algo_allreduce_hier) {
+            /* one node: binomial reduce + broadcast; the root's link carries the most */
+            CHECK_MSG((double)b <= c.bytes && (double)red <= c.reduce_bytes,
+                      "%s rank %d: %zu B %zu reduced, cost %g %g", what, r, b, red, c.bytes,
+                      c.reduce_bytes);
         } else {
             CHECK_MSG(m == (size_t)n - 1 && (double)b == c.bytes && (double)red == c.reduce_bytes,
                       "%s rank %d: %zu msgs %zu B", what, r, m, b);
@@ -751,6 +764,82 @@ static void sweep_reductions(void)
                 }
             }
         }
+    }
+}
+
+/* The all-reduces that promise the same bits on every rank, on random floats whose sums
+ * depend on the order of combination: every rank's result must equal rank 0's byte for byte,
+ * and each element must be within rounding of the sum computed here in long double. */
+static void bitwise_case(const xccl_algo_t *a, int n, size_t count, xccl_dtype_t dt,
+                         uint64_t *rng)
+{
+    size_t           es = el_size(dt), N = count * es;
+    void            *buf[MAXN];
+    long double     *ref = calloc(count ? count : 1, sizeof(long double));
+    xccl_coll_args_t args[MAXN];
+    sim_result_t     res;
+    char             what[160];
+
+    snprintf(what, sizeof(what), "all_reduce %s n=%d count=%zu %s random", a->name, n, count,
+             dt_str(dt));
+    for (int r = 0; r < n; r++) {
+        buf[r] = alloc_buf(N, 0);
+        for (size_t i = 0; i < count; i++) {
+            double v;
+            *rng = *rng * 6364136223846793005ull + 1442695040888963407ull;
+            v    = ((double)(*rng >> 11) / 9007199254740992.0 - 0.5) * 1e3;
+            if (dt == XCCL_FLOAT32) {
+                ((float *)buf[r])[i] = (float)v;
+                ref[i] += (float)v;
+            } else {
+                ((double *)buf[r])[i] = v;
+                ref[i] += v;
+            }
+        }
+        args[r] = (xccl_coll_args_t){.coll   = XCCL_COLL_ALLREDUCE,
+                                     .sbuf   = buf[r],
+                                     .rbuf   = buf[r],
+                                     .count  = count,
+                                     .dtype  = dt,
+                                     .elsize = es,
+                                     .op     = XCCL_OP_SUM};
+    }
+    if (run(a, n, args, &res, what)) {
+        for (int r = 1; r < n; r++) {
+            long d = first_diff(buf[r], buf[0], N);
+            CHECK_MSG(d < 0 && guard_ok(buf[r], N), "%s: rank %d differs from rank 0 at byte %ld",
+                      what, r, d);
+        }
+        for (size_t i = 0; i < count; i++) {
+            double got = dt == XCCL_FLOAT32 ? ((float *)buf[0])[i] : ((double *)buf[0])[i];
+            double tol = (dt == XCCL_FLOAT32 ? 1e-4 : 1e-11) * 500.0 * n;
+            if (fabs(got - (double)ref[i]) > tol) {
+                CHECK_MSG(0, "%s: element %zu = %.17g, want %.17Lg", what, i, got, ref[i]);
+                break;
+            }
+        }
+    }
+    sim_result_free(&res);
+    for (int r = 0; r < n; r++) free(buf[r]);
+    free(ref);
+}
+
+static void sweep_bitwise(void)
+{
+    static const xccl_algo_t *const same_bits[] = {
+        &xccl_algo_allreduce_ring,  &xccl_algo_allreduce_rd,    &xccl_algo_allreduce_rabenseifner,
+        &xccl_algo_allreduce_direct, &xccl_algo_allreduce_owner, &xccl_algo_allreduce_hier,
+        &xccl_algo_allreduce_hier_rs, NULL};
+    uint64_t rng = 12345;
+
+    for (size_t si = 0; si < NSIZES; si++) {
+        int    n        = sizes[si];
+        size_t counts[] = {1, (size_t)n + 1, 1000, 4099};
+        for (size_t ci = 0; ci < sizeof(counts) / sizeof(counts[0]); ci++)
+            for (const xccl_algo_t *const *a = same_bits; *a; a++) {
+                bitwise_case(*a, n, counts[ci], XCCL_FLOAT32, &rng);
+                if (ci == 2) bitwise_case(*a, n, counts[ci], XCCL_FLOAT64, &rng);
+            }
     }
 }
 
@@ -1319,6 +1408,7 @@ int main(void)
     test_select();
     test_select_memo();
     sweep_reductions();
+    sweep_bitwise();
     sweep_allgather();
     sweep_reduce_scatter_alias();
     sweep_chunks(XCCL_PAT_RING_CHUNK_ENV, &xccl_algo_allreduce_ring,
