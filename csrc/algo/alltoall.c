@@ -148,7 +148,7 @@ static xccl_status_t alltoall_bruck_progress(xccl_task_t *t)
 
 /* Linear: post all n - 1 receives and n - 1 sends at once, rank + 1 first so that the ranks
  * start on different peers. Nothing orders the messages, so links may congest with large
- * blocks (measured on one host up to 256 MiB at np=4, it still led pairwise: select.c). Cost:
+ * blocks (on one host it still led pairwise: docs/selection.md). Cost:
  * the exchanges are in flight together, one round's latency as the direct all-gather is
  * priced (xccl_pat_direct_steps), and (n-1)/n * nbytes sent. */
 static void linear_cost(int size, size_t nbytes, xccl_cost_t *out)

@@ -201,10 +201,9 @@ static xccl_status_t owner_run(xccl_task_t *t, const void *in, void *out, int ga
 /* The rounds for blocks of block_bytes: C for reduce_scatter, C+1 for all_reduce, each
  * charged one step per peer. A round ends only when every one of its messages has completed,
  * a synchronisation with all n-1 peers that waits for the slowest of them to be scheduled and
- * to take its chunk, so it costs more than one direct round of as many messages. Measured on
- * one host (2-vCPU VM, 2 and 4 ranks, 4 KiB-4 MiB), owner lost to rd, direct or Rabenseifner
- * by up to 3x where a direct-round price made the model choose it; from 16 MiB the built-in
- * rule (select.c) takes it regardless. */
+ * to take its chunk, so it costs more than one direct round of as many messages (priced as a
+ * direct round, the model chose it where it lost: docs/selection.md); large vectors take it by
+ * a built-in rule (select.c). */
 static void owner_cost(int n, size_t block_bytes, int gather, xccl_cost_t *out)
 {
     int c = owner_nchunks(block_bytes, 1);

@@ -243,8 +243,8 @@ static xccl_status_t bcast_sag_progress(xccl_task_t *t)
  *
  * so after n - 2 phases of filling every link carries one chunk at a time. Every link moves
  * the vector once (linear puts n - 1 copies on the root's, binomial log2 n, van de Geijn
- * 2 (n-1)/n), which decides large vectors where every message costs CPU time at both ends
- * (loopback TCP: np=4 on 2 vCPUs, 256 MiB). Cost: C + n - 2 steps of one chunk. */
+ * 2 (n-1)/n), which decides large vectors where every message costs CPU time at both ends.
+ * Cost: C + n - 2 steps of one chunk. */
 static int chain_chunks(size_t nbytes, size_t elsize)
 {
     return xccl_pat_ring_chunks_env(nbytes, elsize, 1, XCCL_STEP_MAX + 1u);

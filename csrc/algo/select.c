@@ -57,36 +57,20 @@ static unsigned        env_gen; /* bumped by xccl_algo_reset_env: memoised choic
 /* Fallback when the caller has no model (the core passes its own, fitted per transport). */
 static const xccl_cost_model_t default_model = {20e-6, 1.0 / 2.0e9, 1.0 / 4.0e9};
 
-/* Measured choices the α-β-γ model cannot make. Its terms are messages, bytes sent and bytes
- * reduced; it has none for where bytes land. "owner" moves the same bytes as ring and
- * Rabenseifner in more rounds, so the model never prefers it, but its receive window stays in
- * cache while their whole-block scratch goes to DRAM and back, which decides large vectors:
- * on one host (2-vCPU VM, 2 and 4 ranks, shm and tcp) owner led from 16 MiB up (np=2 shm
- * 64 MiB in place 7.6 GB/s busbw vs 6.2 for rabenseifner; np=4 3.4 vs 2.2 for ring) and tied
- * or lost below.
- * Likewise the model prices a fan-out by the bytes the sender sends, but where receivers
- * copy from the sender's memory themselves (cross-memory attach: topo->pull) a linear
- * broadcast is n-1 copies in parallel in one round: np=4 on 2 vCPUs, 64 MiB, 3.5 GB/s busbw
- * against 1.2 for binomial and 1.0 for scatter_allgather, and ahead from 1-4 MiB.
- * (No rule for all_to_all: the model's linear, every exchange posted at once, led pairwise in
- * medians of 5 launches at np=4 on 2 vCPUs from 2 to 64 MiB - shm 1.25/1.10/1.06/1.19x at
- * 2/4/16/64 MiB, tied at 256 MiB; tcp 1.31x at 2 MiB, 0.96-1.08x above - where a pairwise
- * rule once rested on a best-of-2 measurement, and up to 1 MiB by 1.1-2.4x.)
- * When ranks outnumber the CPUs of their node (topo->scarce), a step often waits until its
- * receiver is scheduled, and what runs fastest on shared memory changes again: with 4 ranks
- * on 2 vCPUs (torch buffers, 13 launches of each, interleaved; medians in us, the model's
- * rabenseifner second) direct below 64 KiB (16 KiB 43 vs 54), owner from 64 KiB to 1 MiB
- * (64 KiB 77 vs 97, 256 KiB 150 vs 177), ring from 1 to 16 MiB (1 MiB 436 vs 491, 4 MiB 1912
- * vs 2655, 8 MiB 5561 vs 6429); their best launches led by as much or more. (With ring every
- * rank always has a cross-memory-attach send in flight to its neighbour, which a rank whose
- * operation fails drops; the shared-memory transport hands the dropping rank's reason to the
- * neighbour with the drop, so every survivor still names the rank that died.) The same rules
- * over tcp did not hold in medians of 8 launches (owner at 64 KiB 0.72x, at 256 KiB 1.15x
- * within a +-12% spread; scatter_allgather broadcast from 2 MiB 0.95-0.98x), so tcp keeps the
- * model. With a CPU per rank the model's choices stood.
- * Applied after $XCCL_ALGO (whose rules win) unless "auto" (per call or by a rule) asks for
- * the model itself, and only to groups on one node: across hosts nothing was measured. The
- * first rule that matches wins. */
+/* Choices the α-β-γ model cannot make, because it has no term for them. They apply after
+ * $XCCL_ALGO (whose rules win), not when "auto" asks for the model itself, and only to groups
+ * on one node (nothing else was measured); the first match wins. The measurements behind them
+ * are in docs/selection.md.
+ *   - owner for large all_reduce and reduce_scatter: it moves the bytes of ring and Rabenseifner
+ *     in more rounds, so the model never prefers it, but its receive window stays in cache
+ *     where their whole-block scratch goes to memory and back, which decides large vectors.
+ *   - linear broadcast where receivers copy from the sender's memory themselves (topo->pull):
+ *     the model prices a fan-out by what the sender sends, but there the n-1 copies run in
+ *     parallel, in one round.
+ *   - where ranks outnumber their node's CPUs (topo->scarce, with pull), a step often waits
+ *     for its receiver to be scheduled, so fewer rounds pay off further up than the model
+ *     says: direct, then owner, then ring. Over TCP (no pull) these did not hold.
+ *   - none for all_to_all: the model's choice (linear) held against pairwise. */
 static const struct builtin_rule {
     xccl_coll_t coll;
     size_t      lo, hi; /* inclusive byte range */
