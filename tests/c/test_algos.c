@@ -1009,6 +1009,128 @@ static xccl_status_t early_progress(xccl_task_t *t)
     return XCCL_OK;
 }
 
+/* Sub-tasks (xccl_task_sub) on the simulator. */
+static int32_t  sub_vals[8][5];
+static int      sub_seen_pending;
+static const uint32_t sub_span = 1u << 16;
+
+/* Pairs (2i, 2i+1) all-reduce with "rd", members listed high rank first, in steps from 100;
+ * then every rank all-reduces with "hier" (itself running sub-tasks) over the ranks in reverse
+ * order, from step 1 << 17. */
+static xccl_status_t sub_ok_progress(xccl_task_t *t)
+{
+    const xccl_coll_args_t *a = xccl_task_args(t);
+    uint64_t               *w = xccl_task_state(t);
+    int                     r = xccl_task_rank(t), n = xccl_task_size(t), map[8];
+    xccl_coll_args_t        s = *a;
+    xccl_status_t           st;
+
+    s.coll = XCCL_COLL_ALLREDUCE;
+    s.sbuf = s.rbuf = sub_vals[r];
+    if (w[0] == 0) {
+        map[0] = r | 1;
+        map[1] = r & ~1;
+        st     = xccl_task_sub(t, 2, &xccl_algo_allreduce_rd, &s, map, 2, 100, 50);
+        if (st == XCCL_INPROGRESS)
+            sub_seen_pending |= xccl_task_pending(t) > 0 && xccl_task_test(t) == XCCL_INPROGRESS;
+        if (st != XCCL_OK) return st;
+        w[0] = 1;
+    }
+    for (int i = 0; i < n; i++) map[i] = n - 1 - i;
+    return xccl_task_sub(t, 0, &xccl_algo_allreduce_hier, &s, map, n, 1u << 17, sub_span);
+}
+
+/* A sub-task whose algorithm posts a step beyond its span. */
+static xccl_status_t sub_big_step_progress(xccl_task_t *t)
+{
+    if (xccl_task_state(t)[0]++ == 0) {
+        xccl_status_t st = xccl_task_isend(t, 1 - xccl_task_rank(t), sim_bufs[0], 8, 10);
+        if (st != XCCL_OK) return st;
+    }
+    return xccl_task_test(t);
+}
+
+static const xccl_algo_t sub_big_step = {.name = "big_step", .progress = sub_big_step_progress};
+
+static xccl_status_t sub_bad_progress(xccl_task_t *t)
+{
+    int map[2] = {0, 1};
+
+    return xccl_task_sub(t, 0, &sub_big_step, xccl_task_args(t), map, 2, 0, 10);
+}
+
+/* Returns XCCL_OK while its sub-task still runs. */
+static xccl_status_t sub_left_progress(xccl_task_t *t)
+{
+    int           map[2] = {0, 1};
+    xccl_status_t st = xccl_task_sub(t, 0, &sub_big_step, xccl_task_args(t), map, 2, 0, 100);
+
+    return st < 0 ? st : XCCL_OK;
+}
+
+/* A sub-task whose members do not include the caller. */
+static xccl_status_t sub_outside_progress(xccl_task_t *t)
+{
+    int map[2] = {2, 3};
+
+    if (xccl_task_rank(t) != 0) return XCCL_OK;
+    return xccl_task_sub(t, 0, &xccl_algo_allreduce_rd, xccl_task_args(t), map, 2, 0, 100);
+}
+
+static void test_sim_sub(void)
+{
+    xccl_algo_t      algo = {.name = "parent", .coll = XCCL_COLL_ALLREDUCE};
+    xccl_coll_args_t args[8];
+    sim_result_t     res;
+    sim_opts_t       opts = {.seed = 99};
+    xccl_status_t    st;
+    int              n = 6;
+
+    memset(args, 0, sizeof(args));
+    for (int r = 0; r < 8; r++) {
+        args[r] = (xccl_coll_args_t){.coll   = XCCL_COLL_ALLREDUCE,
+                                     .count  = 5,
+                                     .dtype  = XCCL_INT32,
+                                     .elsize = 4,
+                                     .op     = XCCL_OP_SUM};
+        for (int i = 0; i < 5; i++) sub_vals[r][i] = r * 10 + i;
+    }
+    algo.progress = sub_ok_progress;
+    st            = sim_run(&algo, n, args, &opts, &res);
+    CHECK_MSG(st == XCCL_OK, "sub-tasks: %s", res.error);
+    for (int r = 0; st == XCCL_OK && r < n; r++)
+        for (int i = 0; i < 5; i++) /* pairs first: (20p+1)*10 + 2i per pair, then all pairs */
+            CHECK_MSG(sub_vals[r][i] == 2 * (n * (n - 1) / 2 * 10 + n * i),
+                      "sub-tasks: rank %d [%d] = %d", r, i, sub_vals[r][i]);
+    for (size_t m = 0; st == XCCL_OK && m < res.nmsgs; m++) {
+        const sim_msg_t *g = &res.msgs[m];
+        int pair = g->step >= 100 && g->step < 150;
+        CHECK_MSG(pair ? (g->src ^ 1) == g->dst
+                       : g->step >= 1u << 17 && g->step < (1u << 17) + sub_span,
+                  "sub-tasks: %d -> %d step %u", g->src, g->dst, g->step);
+    }
+    CHECK(sub_seen_pending);
+    sim_result_free(&res);
+
+    algo.progress = sub_bad_progress;
+    st            = sim_run(&algo, 2, args, NULL, &res);
+    CHECK_MSG(st == XCCL_ERR_INTERNAL && strstr(res.error, "step 10 of 10") != NULL,
+              "sub-task step: %s", res.error);
+    sim_result_free(&res);
+
+    algo.progress = sub_left_progress;
+    st            = sim_run(&algo, 2, args, NULL, &res);
+    CHECK_MSG(st == XCCL_ERR_INTERNAL && strstr(res.error, "sub-task big_step running") != NULL,
+              "sub-task left running: %s", res.error);
+    sim_result_free(&res);
+
+    algo.progress = sub_outside_progress;
+    st            = sim_run(&algo, 4, args, NULL, &res);
+    CHECK_MSG(st == XCCL_ERR_INTERNAL && strstr(res.error, "without it") != NULL,
+              "sub-task outside: %s", res.error);
+    sim_result_free(&res);
+}
+
 static void test_sim(void)
 {
     xccl_algo_t      algo = {.name = "test", .coll = XCCL_COLL_BARRIER};
@@ -1403,6 +1525,7 @@ int main(void)
     unsetenv("XCCL_ALGO");
     test_patterns();
     test_sim();
+    test_sim_sub();
     test_registry();
     test_policy();
     test_select();
