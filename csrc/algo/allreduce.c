@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "algo/patterns.h"
+#include "algo/ring.h"
 #include "core/check.h"
 
 /* Largest scratch the direct algorithm may take (it holds n-1 incoming messages at once). */
@@ -31,84 +32,52 @@ static void *scratch(xccl_task_t *t, size_t nbytes, const char *algo)
 /* ---------------------------------------------------------------------------------------------
  * ring: reduce-scatter then all-gather around the ring, 2(n-1) steps. The vector is cut into
  * n blocks (xccl_pat_block), every block into C chunks of at most $XCCL_RING_CHUNK_BYTES.
+ * Steps 0 .. n-2 are the ring reduce-scatter of ring.h with its partial sums in place:
  *
  *   step s        send to r+1            receive from r-1       then
- *   0 .. n-2      block r-s-1            block r-s-2 -> stage   block r-s-2 op= stage
+ *   0 .. n-2      block r-s-1            block r-s-2 -> stage   block r-s-2 = stage op it
  *   n-1 .. 2n-3   block r-(s-n+1)        block r-(s-n+1)-1      (in place)
  *
- * After step n-2 rank r holds the reduced block r. Chunk c of step s travels as message
- * s*C + c; the rounds of xccl_pat_pipe overlap the chunks of successive steps and, when
- * C > 1, the reduction of one round's chunks with the next round's transfers.
+ * After step n-2 rank r holds the reduced block r. Both phases run in one pipe, so the
+ * all-gather's first chunks leave while the reduce-scatter's last ones are still reduced.
+ * Chunk c of step s travels as message s*C + c; the rounds of xccl_pat_pipe overlap the chunks
+ * of successive steps and, when C > 1, the reduction of one round's chunks with the next
+ * round's transfers.
  *
  * cost: 2(n-1) α (3n-4 + C rounds with C > 1 chunks), 2(n-1)/n N β, (n-1)/n N γ.
  * ------------------------------------------------------------------------------------------- */
-typedef struct ring_ctx {
-    xccl_task_t    *t;
-    char           *buf;
-    char           *stage; /* C slots of `slot` elements: chunk c of a received block    */
-    size_t          count, es, slot;
-    int             rank, size;
-    xccl_pat_pipe_t pipe;
-} ring_ctx_t;
-
-/* Chunk c of block b: *off (elements from the start of the vector) and the element count. */
-static size_t ring_chunk(const ring_ctx_t *x, int b, int c, size_t *off)
-{
-    size_t boff = xccl_pat_block_off(x->count, x->size, b);
-    size_t bcnt = xccl_pat_block_count(x->count, x->size, b);
-
-    *off = boff + xccl_pat_block_off(bcnt, x->pipe.nchunks, c);
-    return xccl_pat_block_count(bcnt, x->pipe.nchunks, c);
-}
-
 static xccl_status_t ring_post(const void *arg, int k)
 {
-    const ring_ctx_t *x = arg;
-    int n = x->size, r = x->rank;
+    const xccl_ring_rs_t *x = arg;
+    int                   n = x->size, r = x->rank;
 
     for (int s = 0; s < x->pipe.nsteps; s++) {
         int      c = xccl_pat_pipe_chunk(&x->pipe, s, k), sb, rb;
         uint32_t step;
         size_t   soff, roff, scnt, rcnt;
-        char    *dst;
 
         if (c < 0) continue;
-        step = xccl_pat_pipe_step(&x->pipe, s, c) & XCCL_STEP_MAX;
         if (s < n - 1) {
-            sb = xccl_pat_ring_rs_send_block(r, n, s);
-            rb = xccl_pat_ring_rs_recv_block(r, n, s);
-        } else {
-            sb = xccl_pat_ring_ag_send_block(r, n, s - (n - 1));
-            rb = xccl_pat_ring_ag_recv_block(r, n, s - (n - 1));
+            XCCL_CHECK(xccl_ring_rs_post(x, s, c));
+            continue;
         }
-        scnt = ring_chunk(x, sb, c, &soff);
-        rcnt = ring_chunk(x, rb, c, &roff);
-        dst  = s < n - 1 ? x->stage + (size_t)c * x->slot * x->es : x->buf + roff * x->es;
-        XCCL_CHECK(xccl_pat_recv_nz(x->t, xccl_pat_ring_prev(r, n), dst, rcnt * x->es, step));
-        XCCL_CHECK(xccl_pat_send_nz(x->t, xccl_pat_ring_next(r, n), x->buf + soff * x->es,
-                           scnt * x->es, step));
+        /* all-gather: the reduced blocks travel on, in place */
+        step = xccl_pat_pipe_step(&x->pipe, s, c) & XCCL_STEP_MAX;
+        sb   = xccl_pat_ring_ag_send_block(r, n, s - (n - 1));
+        rb   = xccl_pat_ring_ag_recv_block(r, n, s - (n - 1));
+        scnt = xccl_ring_rs_chunk(x, sb, c, &soff);
+        rcnt = xccl_ring_rs_chunk(x, rb, c, &roff);
+        XCCL_CHECK(xccl_pat_recv_nz(x->t, xccl_pat_ring_prev(r, n), x->in + roff * x->es,
+                                    rcnt * x->es, step));
+        XCCL_CHECK(xccl_pat_send_nz(x->t, xccl_pat_ring_next(r, n), x->in + soff * x->es,
+                                    scnt * x->es, step));
     }
     return XCCL_OK;
 }
 
-/* Reduces the reduce-scatter chunks received in round j: those whose next step is posted in
- * round j+1 when `urgent`, the others otherwise. */
 static xccl_status_t ring_reduce(const void *arg, int j, int urgent)
 {
-    const ring_ctx_t *x = arg;
-    for (int s = 0; s < x->pipe.nred; s++) {
-        int    c = xccl_pat_pipe_chunk(&x->pipe, s, j), b;
-        size_t off, cnt;
-        char  *dst;
-
-        if (c < 0) continue;
-        if ((xccl_pat_pipe_chunk(&x->pipe, s + 1, j + 1) == c) != urgent) continue;
-        b   = xccl_pat_ring_rs_recv_block(x->rank, x->size, s);
-        cnt = ring_chunk(x, b, c, &off);
-        dst = x->buf + off * x->es;
-        XCCL_CHECK(xccl_pat_reduce_nz(x->t, dst, x->stage + (size_t)c * x->slot * x->es, dst, cnt));
-    }
-    return XCCL_OK;
+    return xccl_ring_rs_reduce(arg, j, urgent);
 }
 
 /* Chunks per block of a ring over n ranks (2 * (n - 1) steps). */
@@ -121,26 +90,25 @@ static xccl_status_t ring_progress(xccl_task_t *t)
 {
     const xccl_coll_args_t *a = xccl_task_args(t);
     uint64_t               *w = xccl_task_state(t); /* w[0]: next round, w[1]: chunks */
-    ring_ctx_t              x;
-    int                     rounds;
+    xccl_ring_rs_t          x;
 
-    x.t     = t;
-    x.rank  = xccl_task_rank(t);
-    x.size  = xccl_task_size(t);
-    x.buf   = a->rbuf;
-    x.count = a->count;
-    x.es    = a->elsize;
+    memset(&x, 0, sizeof(x));
+    x.t        = t;
+    x.rank     = xccl_task_rank(t);
+    x.size     = xccl_task_size(t);
+    x.in       = a->rbuf;
+    x.count    = a->count;
+    x.es       = a->elsize;
+    x.in_place = 1;
     if (x.size == 1 || x.count == 0) return XCCL_OK;
     if (w[1] == 0)
         w[1] = (uint64_t)ring_nchunks(xccl_pat_block_max(x.count, x.size) * x.es, x.es, x.size,
                                        xccl_task_step_limit(t));
     x.pipe  = xccl_pat_pipe(2 * (x.size - 1), x.size - 1, (int)w[1]);
-    x.slot  = xccl_pat_block_max(xccl_pat_block_max(x.count, x.size), x.pipe.nchunks);
-    x.stage = scratch(t, (size_t)x.pipe.nchunks * x.slot * x.es, "ring");
+    x.stage = scratch(t, xccl_ring_rs_stage_bytes(&x), "ring");
     if (x.stage == NULL) return XCCL_ERR_NO_MEMORY;
-    rounds = xccl_pat_pipe_rounds(&x.pipe);
 
-    return xccl_pat_pipe_run(t, &w[0], rounds, &x, ring_post, ring_reduce);
+    return xccl_pat_pipe_run(t, &w[0], xccl_pat_pipe_rounds(&x.pipe), &x, ring_post, ring_reduce);
 }
 
 static void ring_cost(int n, size_t nbytes, xccl_cost_t *out)

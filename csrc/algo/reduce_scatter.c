@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "algo/patterns.h"
+#include "algo/ring.h"
 #include "core/check.h"
 
 /* Largest scratch the direct algorithm may take (it holds n-1 incoming messages at once). */
@@ -41,79 +42,98 @@ static int trivial(xccl_task_t *t)
 }
 
 /* ---------------------------------------------------------------------------------------------
- * ring: n-1 steps; the partial sums of block b travel around the ring and end at rank b.
- * Each block is cut into C chunks of at most $XCCL_RING_CHUNK_BYTES; chunk c of step s is
- * message s*C + c, scheduled in rounds by xccl_pat_pipe (lag 2 when C > 1: the reduction of
- * one round's chunks overlaps the next round's transfers).
- *
- *   step s      send to r+1                       receive from r-1, then
- *   0           sbuf block r-1                    block r-2 -> stage; stage op= sbuf block
- *   1 .. n-3    stage of step s-1 (block r-s-1)   block r-s-2 -> stage; stage op= sbuf block
- *   n-2         stage of step n-3 (block r+1)     block r -> stage; rbuf = stage op sbuf[r]
- *
- * Stage: two sets of C chunk slots, used by even and odd steps, so a chunk can be received
- * while the previous step's sum of the same chunk is still being sent.
- * cost: n-1 α (2(n-2) + C rounds with C > 1 chunks), (n-1)/n N β, (n-1)/n N γ.
+ * The ring reduce-scatter (ring.h)
  * ------------------------------------------------------------------------------------------- */
-typedef struct ring_ctx {
-    xccl_task_t    *t;
-    const char     *sbuf;
-    char           *rbuf;
-    char           *stage;
-    size_t          count, es, slot;
-    int             rank, size;
-    xccl_pat_pipe_t pipe;
-} ring_ctx_t;
 
-static char *ring_slot(const ring_ctx_t *x, int s, int c)
+/* Offset (elements) of block b in the input. */
+static size_t rs_block_off(const xccl_ring_rs_t *x, int b)
 {
-    return x->stage + ((size_t)(s & 1) * (size_t)x->pipe.nchunks + (size_t)c) * x->slot * x->es;
+    return x->equal ? (size_t)b * x->count : xccl_pat_block_off(x->count, x->size, b);
 }
 
-static xccl_status_t ring_post(const void *arg, int k)
+size_t xccl_ring_rs_chunk(const xccl_ring_rs_t *x, int b, int c, size_t *off)
 {
-    const ring_ctx_t *x = arg;
-    int n = x->size, r = x->rank;
+    size_t bcnt = x->equal ? x->count : xccl_pat_block_count(x->count, x->size, b);
 
-    for (int s = 0; s < x->pipe.nsteps; s++) {
-        int         c = xccl_pat_pipe_chunk(&x->pipe, s, k), sb;
-        uint32_t    step;
-        size_t      off, cnt;
-        const char *src;
-
-        if (c < 0) continue;
-        step = xccl_pat_pipe_step(&x->pipe, s, c) & XCCL_STEP_MAX;
-        off  = xccl_pat_block_off(x->count, x->pipe.nchunks, c);
-        cnt  = xccl_pat_block_count(x->count, x->pipe.nchunks, c);
-        sb   = xccl_pat_ring_rs_send_block(r, n, s);
-        src  = s == 0 ? x->sbuf + ((size_t)sb * x->count + off) * x->es : ring_slot(x, s - 1, c);
-        XCCL_CHECK(xccl_pat_recv_nz(x->t, xccl_pat_ring_prev(r, n), ring_slot(x, s, c), cnt * x->es, step));
-        XCCL_CHECK(xccl_pat_send_nz(x->t, xccl_pat_ring_next(r, n), src, cnt * x->es, step));
-    }
-    return XCCL_OK;
+    *off = rs_block_off(x, b) + xccl_pat_block_off(bcnt, x->pipe.nchunks, c);
+    return xccl_pat_block_count(bcnt, x->pipe.nchunks, c);
 }
 
-/* Reduces the chunks received in round j: those whose next step is posted in round j+1 when
- * `urgent`, the others otherwise. */
-static xccl_status_t ring_reduce(const void *arg, int j, int urgent)
+/* Elements of a stage slot: the largest chunk. */
+static size_t rs_slot(const xccl_ring_rs_t *x)
 {
-    const ring_ctx_t *x = arg;
-    for (int s = 0; s < x->pipe.nsteps; s++) {
-        int         c = xccl_pat_pipe_chunk(&x->pipe, s, j), b;
-        size_t      off, cnt;
-        const char *mine;
-        char       *dst;
+    size_t bmax = x->equal ? x->count : xccl_pat_block_max(x->count, x->size);
+
+    return xccl_pat_block_max(bmax, x->pipe.nchunks);
+}
+
+size_t xccl_ring_rs_stage_bytes(const xccl_ring_rs_t *x)
+{
+    return (x->in_place ? 1 : 2) * (size_t)x->pipe.nchunks * rs_slot(x) * x->es;
+}
+
+/* Where chunk c of step s is received. */
+static char *rs_stage(const xccl_ring_rs_t *x, int s, int c)
+{
+    size_t set = x->in_place ? 0 : (size_t)(s & 1);
+
+    return x->stage + (set * (size_t)x->pipe.nchunks + (size_t)c) * rs_slot(x) * x->es;
+}
+
+xccl_status_t xccl_ring_rs_post(const xccl_ring_rs_t *x, int s, int c)
+{
+    int         n = x->size, r = x->rank;
+    int         sb = xccl_pat_ring_rs_send_block(r, n, s);
+    int         rb = xccl_pat_ring_rs_recv_block(r, n, s);
+    uint32_t    step = xccl_pat_pipe_step(&x->pipe, s, c) & XCCL_STEP_MAX;
+    size_t      soff, roff, scnt = xccl_ring_rs_chunk(x, sb, c, &soff);
+    size_t      rcnt = xccl_ring_rs_chunk(x, rb, c, &roff);
+    const char *src  = s == 0 || x->in_place ? x->in + soff * x->es : rs_stage(x, s - 1, c);
+
+    XCCL_CHECK(xccl_pat_recv_nz(x->t, xccl_pat_ring_prev(r, n), rs_stage(x, s, c), rcnt * x->es,
+                                step));
+    return xccl_pat_send_nz(x->t, xccl_pat_ring_next(r, n), src, scnt * x->es, step);
+}
+
+xccl_status_t xccl_ring_rs_reduce(const xccl_ring_rs_t *x, int j, int urgent)
+{
+    for (int s = 0; s < x->size - 1; s++) {
+        int    c = xccl_pat_pipe_chunk(&x->pipe, s, j), b;
+        size_t off, cnt;
+        char  *mine, *dst;
 
         if (c < 0) continue;
         if ((xccl_pat_pipe_chunk(&x->pipe, s + 1, j + 1) == c) != urgent) continue;
-        off  = xccl_pat_block_off(x->count, x->pipe.nchunks, c);
-        cnt  = xccl_pat_block_count(x->count, x->pipe.nchunks, c);
         b    = xccl_pat_ring_rs_recv_block(x->rank, x->size, s);
-        mine = x->sbuf + ((size_t)b * x->count + off) * x->es;
-        dst  = s == x->pipe.nsteps - 1 ? x->rbuf + off * x->es : ring_slot(x, s, c);
-        XCCL_CHECK(xccl_pat_reduce_nz(x->t, dst, ring_slot(x, s, c), mine, cnt));
+        cnt  = xccl_ring_rs_chunk(x, b, c, &off);
+        mine = x->in + off * x->es;
+        if (x->in_place) dst = mine;
+        else if (s == x->size - 2) dst = x->out + (off - rs_block_off(x, b)) * x->es;
+        else dst = rs_stage(x, s, c);
+        XCCL_CHECK(xccl_pat_reduce_nz(x->t, dst, rs_stage(x, s, c), mine, cnt));
     }
     return XCCL_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * ring: the ring reduce-scatter of ring.h, partial sums in the stage, n-1 steps of chunks of at
+ * most $XCCL_RING_CHUNK_BYTES. cost: n-1 α (2(n-2) + C rounds with C > 1 chunks),
+ * (n-1)/n N β, (n-1)/n N γ.
+ * ------------------------------------------------------------------------------------------- */
+static xccl_status_t ring_post(const void *arg, int k)
+{
+    const xccl_ring_rs_t *x = arg;
+
+    for (int s = 0; s < x->pipe.nsteps; s++) {
+        int c = xccl_pat_pipe_chunk(&x->pipe, s, k);
+        if (c >= 0) XCCL_CHECK(xccl_ring_rs_post(x, s, c));
+    }
+    return XCCL_OK;
+}
+
+static xccl_status_t ring_reduce(const void *arg, int j, int urgent)
+{
+    return xccl_ring_rs_reduce(arg, j, urgent);
 }
 
 /* Chunks per block of a ring over n ranks (n - 1 steps). */
@@ -126,26 +146,25 @@ static xccl_status_t ring_progress(xccl_task_t *t)
 {
     const xccl_coll_args_t *a = xccl_task_args(t);
     uint64_t               *w = xccl_task_state(t); /* w[0]: next round, w[1]: chunks */
-    ring_ctx_t              x;
-    int                     rounds;
+    xccl_ring_rs_t          x;
 
     if (trivial(t)) return XCCL_OK;
+    memset(&x, 0, sizeof(x));
     x.t     = t;
     x.rank  = xccl_task_rank(t);
     x.size  = xccl_task_size(t);
-    x.sbuf  = a->sbuf;
-    x.rbuf  = a->rbuf;
+    x.in    = (char *)a->sbuf; /* read only: not in place */
+    x.out   = a->rbuf;
     x.count = a->count;
     x.es    = a->elsize;
+    x.equal = 1;
     if (w[1] == 0)
         w[1] = (uint64_t)ring_nchunks(x.count * x.es, x.es, x.size, xccl_task_step_limit(t));
     x.pipe  = xccl_pat_pipe(x.size - 1, x.size - 1, (int)w[1]);
-    x.slot  = xccl_pat_block_max(x.count, x.pipe.nchunks);
-    x.stage = scratch(t, 2 * (size_t)x.pipe.nchunks * x.slot * x.es, "ring");
+    x.stage = scratch(t, xccl_ring_rs_stage_bytes(&x), "ring");
     if (x.stage == NULL) return XCCL_ERR_NO_MEMORY;
-    rounds = xccl_pat_pipe_rounds(&x.pipe);
 
-    return xccl_pat_pipe_run(t, &w[0], rounds, &x, ring_post, ring_reduce);
+    return xccl_pat_pipe_run(t, &w[0], xccl_pat_pipe_rounds(&x.pipe), &x, ring_post, ring_reduce);
 }
 
 static void ring_cost(int n, size_t nbytes, xccl_cost_t *out)
