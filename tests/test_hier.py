@@ -46,6 +46,15 @@ def body_hier(rank, world_size, store_path, hosts):
         except ValueError as e:
             assert not equal, e
             out[f"rs{count}"] = None
+    # explain() for the group prices the two-level algorithms with both kinds of link and the
+    # one-level ones with the group's model, as the selector does
+    ex = xccl.explain("all_reduce", 1 << 26)
+    flat = xccl.explain("all_reduce", 1 << 26, size=world_size, model=ex.model)
+    out["explain"] = (
+        {r["name"]: (r["predicted_s"], r["applicable"], r["chosen"]) for r in ex},
+        {r["name"]: r["predicted_s"] for r in flat},
+        ex.chosen["name"],
+    )
     for root in range(world_size):
         z = np.full(513, -1.0) if rank != root else np.linspace(0, 1, 513) + root
         xccl.broadcast(z, src=root, algo="hier")
@@ -89,6 +98,14 @@ def test_hier_over_shm_and_tcp(tmp_path, hosts):
             )
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * n)
             assert got.tobytes() == res[0][f"rs{count}"].tobytes(), (rank, count)
+        grouped, flat, chosen = out["explain"]
+        for name, (t, _, _) in grouped.items():
+            if name in ("hier", "hier_rs"):
+                assert t != flat[name], (name, t)  # inside and between hosts priced apart
+            else:
+                assert t == pytest.approx(flat[name], rel=1e-12), (name, t, flat[name])
+        assert grouped["hier_rs"][1] == equal
+        assert [k for k, (_, _, c) in grouped.items() if c] == [chosen]
         for root in range(n):
             np.testing.assert_array_equal(out[f"bc{root}"], np.linspace(0, 1, 513) + root)
         if "one_host" in out:

@@ -62,14 +62,42 @@ xccl_status_t xccl_comm_choose(const xccl_comm_t *comm, const char *coll, size_t
     return XCCL_OK;
 }
 
+/* The rows of explain for `args` (args->topo set: priced with its links) under model m, the
+ * chosen one marked. */
+static int explain_rows(const xccl_coll_args_t *args, int size, size_t nbytes,
+                        const xccl_cost_model_t *m, xccl_algo_info_t *out, int max)
+{
+    const xccl_algo_t *const *list   = xccl_algo_policy.list(args->coll);
+    const xccl_algo_t        *chosen = NULL;
+    int                       k      = 0;
+
+    if (xccl_algo_policy.select(NULL, args, size, nbytes, m, NULL, &chosen) < 0) chosen = NULL;
+    for (int i = 0; list[i] != NULL && k < max; i++, k++) {
+        const xccl_algo_t *a    = list[i];
+        xccl_cost_t        cost = {0, 0, 0}, inter = {0, 0, 0};
+        xccl_algo_info_t  *o    = &out[k];
+        memset(o, 0, sizeof(*o));
+        snprintf(o->name, sizeof(o->name), "%s", a->name);
+        snprintf(o->summary, sizeof(o->summary), "%s", a->summary ? a->summary : "");
+        if (a->cost_topo != NULL && args->topo != NULL)
+            a->cost_topo(args->topo, size, nbytes, &cost, &inter);
+        else if (a->cost != NULL)
+            a->cost(size, nbytes, &cost);
+        o->steps        = cost.steps + inter.steps;
+        o->bytes        = cost.bytes + inter.bytes;
+        o->reduce_bytes = cost.reduce_bytes + inter.reduce_bytes;
+        o->predicted_s  = xccl_algo_policy.predict(a, args, m, size, nbytes);
+        o->applicable   = a->applicable == NULL || a->applicable(args, size);
+        o->chosen       = a == chosen;
+    }
+    return k;
+}
+
 xccl_status_t xccl_explain(const char *coll, size_t nbytes, int size, const double *model,
                            xccl_algo_info_t *out, int max, int *n)
 {
-    xccl_cost_model_t         m;
-    const xccl_algo_t *const *list;
-    const xccl_algo_t        *chosen = NULL;
-    xccl_coll_args_t          args;
-    int                       k = 0;
+    xccl_cost_model_t m;
+    xccl_coll_args_t  args;
 
     if (coll == NULL || out == NULL || n == NULL || size < 1)
         return XCCL_ERROR(XCCL_ERR_INVALID_ARG, "explain: collective, output and size >= 1 needed");
@@ -80,23 +108,21 @@ xccl_status_t xccl_explain(const char *coll, size_t nbytes, int size, const doub
         m.beta  = model[1];
         m.gamma = model[2];
     }
-    if (xccl_algo_policy.select(NULL, &args, size, nbytes, &m, NULL, &chosen) < 0) chosen = NULL;
-    list = xccl_algo_policy.list(args.coll);
-    for (int i = 0; list != NULL && list[i] != NULL && k < max; i++, k++) {
-        const xccl_algo_t *a = list[i];
-        xccl_cost_t        cost = {0};
-        xccl_algo_info_t  *o    = &out[k];
-        memset(o, 0, sizeof(*o));
-        snprintf(o->name, sizeof(o->name), "%s", a->name);
-        snprintf(o->summary, sizeof(o->summary), "%s", a->summary ? a->summary : "");
-        if (a->cost) a->cost(size, nbytes, &cost);
-        o->steps        = cost.steps;
-        o->bytes        = cost.bytes;
-        o->reduce_bytes = cost.reduce_bytes;
-        o->predicted_s  = xccl_algo_policy.predict(a, &args, &m, size, nbytes);
-        o->applicable   = a->applicable == NULL || a->applicable(&args, size);
-        o->chosen       = a == chosen;
-    }
-    *n = k;
+    *n = explain_rows(&args, size, nbytes, &m, out, max);
+    return XCCL_OK;
+}
+
+xccl_status_t xccl_comm_explain(const xccl_comm_t *comm, const char *coll, size_t nbytes,
+                                xccl_algo_info_t *out, int max, int *n)
+{
+    xccl_coll_args_t args;
+
+    if (comm == NULL || coll == NULL || out == NULL || n == NULL)
+        return XCCL_ERROR(XCCL_ERR_INVALID_ARG, "explain: comm, collective and output needed");
+    XCCL_CHECK(explain_args(coll, nbytes, comm->size, &args));
+    args.topo = &comm->topo; /* as coll.c passes it */
+    *n        = explain_rows(&args, comm->size, nbytes,
+                             comm->topo.nnodes > 1 ? &comm->topo.inter : &comm->topo.intra, out,
+                             max);
     return XCCL_OK;
 }

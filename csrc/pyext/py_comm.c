@@ -1137,6 +1137,9 @@ static PyMethodDef comm_methods[] = {
      "trace_dropped() -> events lost to a full buffer since tracing started."},
     {"choose", xccl_py_comm_choose, METH_VARARGS,
      "choose(collective, nbytes) -> str: the algorithm a call would run now (no algo=)."},
+    {"explain", xccl_py_comm_explain, METH_VARARGS,
+     "explain(collective, nbytes) -> list of dicts: every algorithm priced as the selector "
+     "prices this group's calls (two-level ones with its links inside and between hosts)."},
     {"cost_model", xccl_py_comm_cost_model, METH_NOARGS,
      "cost_model() -> (alpha, beta, gamma, nnodes): the model its algorithms are chosen with."},
     {"flight_dump", xccl_py_comm_flight_dump, METH_NOARGS,

@@ -295,3 +295,30 @@ PyObject *xccl_py_comm_choose(PyObject *self, PyObject *args)
         return xccl_py_raise_last(xccl_py_state_of(self), XCCL_ERR_INVALID_ARG);
     return PyUnicode_FromString(name);
 }
+
+/* explain(collective, nbytes) -> rows as xccl.explain's, priced for this communicator. */
+PyObject *xccl_py_comm_explain(PyObject *self, PyObject *args)
+{
+    xccl_comm_t       *comm;
+    const char        *coll;
+    unsigned long long nbytes;
+    xccl_algo_info_t   info[EXPLAIN_MAX];
+    PyObject          *list;
+    int                n = 0;
+    xccl_status_t      st;
+
+    if (!PyArg_ParseTuple(args, "sK:explain", &coll, &nbytes)) return NULL;
+    if ((comm = live(self, "explain")) == NULL) return NULL;
+    st = xccl_comm_explain(comm, coll, (size_t)nbytes, info, EXPLAIN_MAX, &n);
+    if (st != XCCL_OK) return xccl_py_raise_last(xccl_py_state_of(self), st);
+    if ((list = PyList_New(n)) == NULL) return NULL;
+    for (int i = 0; i < n; i++) {
+        PyObject *d = algo_info_dict(&info[i]);
+        if (d == NULL) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, i, d);
+    }
+    return list;
+}

@@ -194,6 +194,7 @@ PyObject *xccl_py_comm_trace_dropped(PyObject *self, PyObject *unused);
 PyObject *xccl_py_comm_flight_dump(PyObject *self, PyObject *unused);
 PyObject *xccl_py_comm_cost_model(PyObject *self, PyObject *unused);
 PyObject *xccl_py_comm_choose(PyObject *self, PyObject *args);
+PyObject *xccl_py_comm_explain(PyObject *self, PyObject *args);
 PyObject *xccl_py_comm_diag_table(PyObject *self, PyObject *wait_s);
 
 #endif /* XCCL_PYEXT_PYXCCL_H */

@@ -375,6 +375,13 @@ void xccl_comm_cost_model(const xccl_comm_t *comm, double model[3], int *nnodes)
 xccl_status_t xccl_comm_choose(const xccl_comm_t *comm, const char *coll, size_t nbytes,
                                char *name, size_t len);
 
+/* xccl_explain for this communicator: priced as the selector prices its calls, one-level
+ * algorithms with xccl_comm_cost_model's model and two-level ones with the links inside and
+ * between its hosts (their steps, bytes and reduce_bytes are then the sums over both kinds of
+ * link); `chosen` is what xccl_comm_choose answers. */
+xccl_status_t xccl_comm_explain(const xccl_comm_t *comm, const char *coll, size_t nbytes,
+                                xccl_algo_info_t *out, int max, int *n);
+
 /* Flight recorder: a text table of the last operations of the communicator (completed ones
  * and the pending ones with what they wait for). Returns the length written (truncated to
  * len - 1, always NUL-terminated). */

@@ -228,16 +228,21 @@ def explain(
     p = _group_size(group, size)
     in_group = model is None and size is None
     m = _group_model(group) if in_group else _as_model(model)
-    rows = _C.explain(coll, int(nbytes), p, m.as_tuple())
     if in_group:
-        # what the engine will run for this group, which may be a built-in rule's choice
-        # (measured, outside the model) or a two-level algorithm priced with both links
+        # priced as the engine prices this group's calls: two-level algorithms with the links
+        # inside and between hosts apart; "chosen" is what it will run, which may be a
+        # built-in rule's choice (measured, outside the model)
         from .. import _group
 
-        runs = _group.resolve(group).comm.choose(coll, int(nbytes))
+        comm = _group.resolve(group).comm
+        rows = comm.explain(coll, int(nbytes))
+        runs = comm.choose(coll, int(nbytes))
         for r in rows:
             r["chosen"] = r["name"] == runs
+    else:
+        rows = _C.explain(coll, int(nbytes), p, m.as_tuple())
     for r in rows:
+        # the split by one model; a two-level algorithm's predicted_s prices each link apart
         r["latency_s"] = m.alpha * r["steps"]
         r["bandwidth_s"] = m.beta * r["bytes"]
         r["reduce_s"] = m.gamma * r["reduce_bytes"]
