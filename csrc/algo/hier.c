@@ -3,7 +3,7 @@
  * hier.c - two-level (hierarchical) all-reduce and broadcast for communicators that span
  * several nodes: the heavy traffic stays on the links inside a node (shared memory) and only
  * some ranks talk across nodes (TCP). Each phase is a one-level algorithm run as a sub-task
- * (xccl_task_sub) on the ranks it concerns, in its own quarter of the step range. Without a
+ * (xccl_task_sub) on the ranks it concerns, in its own part of the step range. Without a
  * topology (args->topo NULL: one node) the schedules degenerate to their in-node phases and
  * are priced as such, so the cost model only picks them across nodes.
  *
@@ -22,23 +22,30 @@
  * C copies). Cost inside nodes (L = the largest node): 2 ceil(log2 L) α, 2 ceil(log2 L) N β,
  * ceil(log2 L) N γ; between nodes: that of "rd" on H nodes.
  *
- * all_reduce "hier_rs" (in place on rbuf), bandwidth-bound; every node has the same number L
- * of ranks (not applicable otherwise). With q = floor(count / L), the first L q elements are
- * L chunks of q, chunk i owned by local index i:
+ * all_reduce "hier_rs" (in place on rbuf), bandwidth-bound. K is the size of the smallest
+ * node; in each node the members of local index j >= K fold onto the one of index j mod K (a
+ * fold group: local indices congruent mod K, the lowest first), so K ranks per node (the core,
+ * local index < K) carry the schedule. With q = floor(count / K), the first K q elements are K
+ * chunks of q, chunk i owned by local index i:
  *
- *   phase  sub-task                           members                     steps
- *   A      reduce_scatter "ring" -> chunk li  each node                   [0, S)
- *   B      all_reduce "ring" or              the ranks of local index li  [S, 2S)
- *          "rabenseifner" (cheaper under     across nodes, node order
- *          topo->inter) on the chunk
- *   C      all_gather "ring" of the chunks   each node                   [2S, 3S)
- *   T      all_reduce "rd" of the last        every rank                  [3S, 4S)
- *          count - L q (< L) elements, beside A-C
+ *   phase  sub-task                            members                       steps
+ *   F      reduce "binomial" of the K q        each fold group, root: the    [0, S)
+ *          elements                            core rank
+ *   A      reduce_scatter "ring" -> chunk li   the core of each node         [S, 2S)
+ *   B      all_reduce "ring" or "rabenseifner" the core ranks of local       [2S, 3S)
+ *          (cheaper under topo->inter)         index li, node order
+ *   C      all_gather "ring" of the chunks     the core of each node         [3S, 4S)
+ *   U      broadcast "binomial" of the K q     each fold group, root: the    [4S, 5S)
+ *          elements                            core rank
+ *   T      all_reduce "rd" of the last         every rank                    [5S, 6S)
+ *          count - K q (< K) elements, beside the others
  *
- * After B the ranks of local index li hold the same bits of chunk li; C copies them, so the
- * result is the same bits on every rank. Cost inside nodes: a ring reduce-scatter plus a ring
- * all-gather of N on L ranks, 2(L-1)/L N β; between nodes: the chosen all-reduce of N/L on
- * H ranks (T is fewer than L elements and not priced).
+ * (S = an eighth of the task's step limit; F and U only where nodes are larger than K.) After
+ * B the core ranks of local index li hold the same bits of chunk li; C and U copy them, so the
+ * result is the same bits on every rank. Cost inside nodes: a ring reduce-scatter and a ring
+ * all-gather of N on K ranks (2(K-1)/K N β), plus a binomial reduce and broadcast over the
+ * largest fold group; between nodes: the chosen all-reduce of N/K on H ranks (T is fewer than
+ * K elements and not priced).
  *
  * broadcast "hier": the root stands in for its node's leader. The heads (root, other nodes'
  * leaders) run broadcast "binomial" rooted at the root's node, then each head runs broadcast
@@ -237,14 +244,16 @@ const xccl_algo_t xccl_algo_allreduce_hier = {
  * all_reduce "hier_rs"
  * ------------------------------------------------------------------------------------------- */
 
-/* The ranks per node when every node has as many, else 0. */
-static int equal_node_size(const xccl_topo_t *topo, int n)
+/* The size of the smallest node: the ranks per node that take part in every phase. */
+static int min_node_size(const xccl_topo_t *topo, int n)
 {
-    int L = node_size(topo->node_of, n, 0);
+    int best = n;
 
-    for (int k = 1; k < topo->nnodes; k++)
-        if (node_size(topo->node_of, n, k) != L) return 0;
-    return L * topo->nnodes == n ? L : 0;
+    for (int k = 0; k < topo->nnodes; k++) {
+        int L = node_size(topo->node_of, n, k);
+        if (L < best) best = L;
+    }
+    return best;
 }
 
 /* The all-reduce between nodes: ring or Rabenseifner, whichever the model of the links between
@@ -260,69 +269,81 @@ static const xccl_algo_t *rs_inter_algo(const xccl_topo_t *topo, int H, size_t n
                                                                                           : ring;
 }
 
-static int rs_applicable(const xccl_coll_args_t *a, int size)
-{
-    return a->topo == NULL || equal_node_size(a->topo, size) > 0;
-}
-
 enum { RS_PHASE = 0, RS_TAIL_DONE };
+enum { RS_F = 0, RS_A, RS_B, RS_C, RS_U, RS_T }; /* phases and their step ranges */
 
 static xccl_status_t rs_progress(xccl_task_t *t)
 {
     const xccl_coll_args_t *a    = xccl_task_args(t);
     uint64_t               *w    = xccl_task_state(t);
-    uint32_t                span = xccl_task_step_limit(t) / 4;
+    uint32_t                span = xccl_task_step_limit(t) / 8;
     size_t                  es = a->elsize, q, tail, cbytes;
     place_t                 p;
     xccl_coll_args_t        s;
     char                   *buf = a->rbuf, *chunk;
-    int                    *local, *across, *all, L;
+    int                    *local, *fold, *across, *all, K, nfold = 0, core;
     xccl_status_t           st;
 
     if (a->count == 0 || xccl_task_size(t) == 1) return XCCL_OK;
-    p = place_of(t);
-    if (a->topo != NULL && equal_node_size(a->topo, p.n) == 0)
-        return XCCL_ERROR(XCCL_ERR_INVALID_ARG,
-                          "all_reduce hier_rs: rank %d: nodes of unequal size", xccl_task_rank(t));
-    L      = p.L;
-    q      = a->count / (size_t)L;
-    tail   = a->count - q * (size_t)L;
+    p      = place_of(t);
+    K      = a->topo != NULL ? min_node_size(a->topo, p.n) : p.n;
+    core   = p.li < K;
+    q      = a->count / (size_t)K;
+    tail   = a->count - q * (size_t)K;
     cbytes = (q * es + 7) & ~(size_t)7;
-    chunk  = scratch_or_fail(t, cbytes + (size_t)(2 * p.n + p.nnodes) * sizeof(int),
+    chunk  = scratch_or_fail(t, cbytes + (size_t)(3 * p.n + p.nnodes) * sizeof(int),
                              "all_reduce hier_rs");
     if (chunk == NULL) return XCCL_ERR_NO_MEMORY;
     local  = (int *)(chunk + cbytes);
-    across = local + p.n;
+    fold   = local + p.n;
+    across = fold + p.n;
     all    = across + p.nnodes;
     node_members(&p, p.node, local);
-    local_index_ranks(&p, p.li, across);
+    for (int j = p.li % K; j < p.L; j += K) fold[nfold++] = local[j];
+    if (core) local_index_ranks(&p, p.li, across);
     for (int i = 0; i < p.n; i++) all[i] = i;
 
-    /* T: the last elements, beside the chunked phases */
+    /* T: the last elements, beside the other phases */
     if (tail > 0 && !w[RS_TAIL_DONE]) {
-        s  = phase_args(a, XCCL_COLL_ALLREDUCE, buf + q * (size_t)L * es, buf + q * (size_t)L * es,
-                        tail, -1);
-        st = xccl_task_sub(t, 1, &xccl_algo_allreduce_rd, &s, all, p.n, 3 * span, span);
+        char *end = buf + q * (size_t)K * es;
+        s         = phase_args(a, XCCL_COLL_ALLREDUCE, end, end, tail, -1);
+        st        = xccl_task_sub(t, 1, &xccl_algo_allreduce_rd, &s, all, p.n, RS_T * span, span);
         if (st < 0) return st;
         if (st == XCCL_OK) w[RS_TAIL_DONE] = 1;
     }
-    while (q > 0 && w[RS_PHASE] < 3) {
+    while (q > 0 && w[RS_PHASE] <= RS_U) {
+        st = XCCL_OK;
         switch (w[RS_PHASE]) {
-        case 0: /* A */
-            s  = phase_args(a, XCCL_COLL_REDUCE_SCATTER, buf, chunk, q, -1);
-            st = xccl_task_sub(t, 0, &xccl_algo_reduce_scatter_ring, &s, local, L, 0, span);
+        case RS_F:
+            s = phase_args(a, XCCL_COLL_REDUCE, buf, core ? buf : NULL, q * (size_t)K, 0);
+            if (nfold > 1)
+                st = xccl_task_sub(t, 0, &xccl_algo_reduce_binomial, &s, fold, nfold, 0, span);
             break;
-        case 1: /* B */
-            s  = phase_args(a, XCCL_COLL_ALLREDUCE, chunk, chunk, q, -1);
-            st = p.nnodes == 1 ? XCCL_OK
-                               : xccl_task_sub(t, 0, rs_inter_algo(a->topo, p.nnodes, q * es), &s,
-                                               across, p.nnodes, span, span);
+        case RS_A:
+            s = phase_args(a, XCCL_COLL_REDUCE_SCATTER, buf, chunk, q, -1);
+            if (core)
+                st = xccl_task_sub(t, 0, &xccl_algo_reduce_scatter_ring, &s, local, K,
+                                   RS_A * span, span);
+            break;
+        case RS_B:
+            s = phase_args(a, XCCL_COLL_ALLREDUCE, chunk, chunk, q, -1);
+            if (core && p.nnodes > 1)
+                st = xccl_task_sub(t, 0, rs_inter_algo(a->topo, p.nnodes, q * es), &s, across,
+                                   p.nnodes, RS_B * span, span);
             /* C's input: this rank's chunk in its place */
-            if (st == XCCL_OK) memcpy(buf + (size_t)p.li * q * es, chunk, q * es);
+            if (core && st == XCCL_OK) memcpy(buf + (size_t)p.li * q * es, chunk, q * es);
             break;
-        default: /* C */
-            s  = phase_args(a, XCCL_COLL_ALLGATHER, buf + (size_t)p.li * q * es, buf, q, -1);
-            st = xccl_task_sub(t, 0, &xccl_algo_allgather_ring, &s, local, L, 2 * span, span);
+        case RS_C:
+            s = phase_args(a, XCCL_COLL_ALLGATHER, buf + (size_t)p.li * q * es, buf, q, -1);
+            if (core)
+                st = xccl_task_sub(t, 0, &xccl_algo_allgather_ring, &s, local, K, RS_C * span,
+                                   span);
+            break;
+        default: /* RS_U */
+            s = phase_args(a, XCCL_COLL_BROADCAST, buf, buf, q * (size_t)K, 0);
+            if (nfold > 1)
+                st = xccl_task_sub(t, 0, &xccl_algo_broadcast_binomial, &s, fold, nfold,
+                                   RS_U * span, span);
             break;
         }
         if (st != XCCL_OK) return st;
@@ -334,13 +355,16 @@ static xccl_status_t rs_progress(xccl_task_t *t)
 static void rs_cost_topo(const xccl_topo_t *topo, int size, size_t nbytes, xccl_cost_t *intra,
                          xccl_cost_t *inter)
 {
-    int L = max_node_size(topo, size), H = topo->nnodes;
+    int K = min_node_size(topo, size), H = topo->nnodes;
+    int g = (max_node_size(topo, size) + K - 1) / K; /* the largest fold group */
 
     memset(intra, 0, sizeof(*intra));
     memset(inter, 0, sizeof(*inter));
-    cost_add(intra, &xccl_algo_reduce_scatter_ring, L, nbytes);
-    cost_add(intra, &xccl_algo_allgather_ring, L, nbytes);
-    cost_add(inter, rs_inter_algo(topo, H, nbytes / (size_t)L), H, nbytes / (size_t)L);
+    cost_add(intra, &xccl_algo_reduce_binomial, g, nbytes);
+    cost_add(intra, &xccl_algo_reduce_scatter_ring, K, nbytes);
+    cost_add(intra, &xccl_algo_allgather_ring, K, nbytes);
+    cost_add(intra, &xccl_algo_broadcast_binomial, g, nbytes);
+    cost_add(inter, rs_inter_algo(topo, H, nbytes / (size_t)K), H, nbytes / (size_t)K);
 }
 
 /* One node: a ring reduce-scatter and a ring all-gather over all ranks. */
@@ -352,14 +376,13 @@ static void rs_cost(int n, size_t nbytes, xccl_cost_t *out)
 }
 
 const xccl_algo_t xccl_algo_allreduce_hier_rs = {
-    .name       = "hier_rs",
-    .coll       = XCCL_COLL_ALLREDUCE,
-    .summary    = "two-level, bandwidth-optimal: ring reduce-scatter in each node, all-reduce of "
-                  "each 1/L chunk between nodes, ring all-gather in each node (equal nodes)",
-    .applicable = rs_applicable,
-    .cost       = rs_cost,
-    .progress   = rs_progress,
-    .cost_topo  = rs_cost_topo,
+    .name      = "hier_rs",
+    .coll      = XCCL_COLL_ALLREDUCE,
+    .summary   = "two-level, bandwidth-optimal: ring reduce-scatter in each node, all-reduce of "
+                 "each 1/L chunk between nodes, ring all-gather in each node",
+    .cost      = rs_cost,
+    .progress  = rs_progress,
+    .cost_topo = rs_cost_topo,
 };
 
 /* ---------------------------------------------------------------------------------------------
