@@ -30,9 +30,10 @@
  * `op` is always a base operator (SUM..BXOR): the core turns AVG into SUM plus a division and
  * PREMUL_SUM into a scaling of the input plus SUM.
  *
- * Tags: each message an algorithm posts carries a `step` number (< 2^20). Messages between the
- * same pair of ranks with the same step are matched in posting order; distinct steps keep
- * messages of different phases apart and label them in traces.
+ * Tags: each message an algorithm posts carries a `step` number (below xccl_task_step_limit:
+ * 2^20 for a collective, less in a sub-task). Messages between the same pair of ranks with the
+ * same step are matched in posting order; distinct steps keep messages of different phases
+ * apart and label them in traces.
  */
 #ifndef XCCL_CORE_TASK_H
 #define XCCL_CORE_TASK_H
@@ -60,11 +61,16 @@ typedef enum xccl_coll {
 static inline const char *xccl_coll_name(xccl_coll_t coll)
 {
     static const char *const names[XCCL_COLL_COUNT] = {
-        [XCCL_COLL_ALLREDUCE] = "all_reduce",     [XCCL_COLL_BROADCAST] = "broadcast",
-        [XCCL_COLL_REDUCE] = "reduce",            [XCCL_COLL_ALLGATHER] = "all_gather",
-        [XCCL_COLL_GATHER] = "gather",            [XCCL_COLL_SCATTER] = "scatter",
-        [XCCL_COLL_REDUCE_SCATTER] = "reduce_scatter", [XCCL_COLL_ALLTOALL] = "all_to_all",
-        [XCCL_COLL_ALLTOALLV] = "all_to_all_v",   [XCCL_COLL_BARRIER] = "barrier",
+        [XCCL_COLL_ALLREDUCE]      = "all_reduce",
+        [XCCL_COLL_BROADCAST]      = "broadcast",
+        [XCCL_COLL_REDUCE]         = "reduce",
+        [XCCL_COLL_ALLGATHER]      = "all_gather",
+        [XCCL_COLL_GATHER]         = "gather",
+        [XCCL_COLL_SCATTER]        = "scatter",
+        [XCCL_COLL_REDUCE_SCATTER] = "reduce_scatter",
+        [XCCL_COLL_ALLTOALL]       = "all_to_all",
+        [XCCL_COLL_ALLTOALLV]      = "all_to_all_v",
+        [XCCL_COLL_BARRIER]        = "barrier",
     };
     return (unsigned)coll < XCCL_COLL_COUNT ? names[coll] : "?";
 }
@@ -116,8 +122,9 @@ int                     xccl_task_size(const xccl_task_t *t);
 /* Algorithm-owned resume state, XCCL_TASK_STATE_WORDS words, zero when progress first runs. */
 uint64_t               *xccl_task_state(xccl_task_t *t);
 
-/* Posts a send / receive of nbytes to / from `peer` (a rank of the communicator, never the
- * caller itself). The buffer must stay untouched until xccl_task_test returns XCCL_OK. */
+/* Posts a send / receive of nbytes to / from `peer` (a rank of the task - of the communicator,
+ * or a member index in a sub-task - never the caller itself). The buffer must stay untouched
+ * until xccl_task_test returns XCCL_OK. */
 xccl_status_t xccl_task_isend(xccl_task_t *t, int peer, const void *buf, size_t nbytes,
                               uint32_t step);
 xccl_status_t xccl_task_irecv(xccl_task_t *t, int peer, void *buf, size_t nbytes,
