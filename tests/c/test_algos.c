@@ -1333,6 +1333,15 @@ static void test_select(void)
     CHECK(xccl_algo_select(&a, 6, 4 << 20, &lat, NULL, &out) == XCCL_OK &&
           out == &xccl_algo_allgather_direct);
     SEL_IS("direct", XCCL_COLL_ALLREDUCE, 3, 8, NULL);
+    /* on one node the two-level algorithms degenerate to more rounds than a one-level one of
+     * the same bytes: never the model's choice, but they run when asked for */
+    for (int n = 2; n <= 16; n++)
+        for (size_t nb = 4; nb <= (size_t)256 << 20; nb *= 16) {
+            const char *got = sel(XCCL_COLL_ALLREDUCE, n, nb, "auto");
+            CHECK_MSG(strncmp(got, "hier", 4) != 0, "n=%d %zu B: %s", n, nb, got);
+        }
+    SEL_IS("hier_rs", XCCL_COLL_ALLREDUCE, 6, 64 << 20, "hier_rs");
+    SEL_IS("hier", XCCL_COLL_ALLREDUCE, 6, 64, "hier");
     /* the model; from 16 MiB on one host the measured built-in rule picks owner */
     SEL_IS("rabenseifner", XCCL_COLL_ALLREDUCE, 8, 64 << 20, "auto");
     SEL_IS("owner", XCCL_COLL_ALLREDUCE, 8, 64 << 20, NULL);
