@@ -162,7 +162,7 @@ static void ctx_free(xccl_ctx_t *ctx)
         free(c->trace);
         free(c->world);
         free((void *)c->topo.node_of);
-        free(c->spare);
+        xccl_comm_free_spare(c);
         free(c);
     }
     free(ctx->peer_dead);

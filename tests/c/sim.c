@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "core/check.h"
+#include "core/exec.h"
 #include "core/reduce.h"
 
 typedef struct sim sim_t;
@@ -23,6 +24,8 @@ typedef struct sim_req {
     size_t          nbytes;
     uint32_t        step;
     int             done;
+    uint64_t        fence; /* held (posted behind unfinished executor events): 1 + the number */
+                           /* of events before it; 0 once in the matching queues           */
     struct sim_req *match; /* the other side once matched */
 } sim_req_t;
 
@@ -41,6 +44,12 @@ struct xccl_task {
     size_t                  scratch_bytes;
     req_vec_t               reqs; /* posted and not yet forgotten by xccl_task_test */
     int                     finished;
+    int                     draining; /* progress returned XCCL_OK; events still running */
+    const xccl_exec_ops_t  *exec;
+    void                  **ev;       /* unfinished executor events, oldest first       */
+    size_t                  nev, ev_cap;
+    uint64_t                ev_done, ev_issued; /* events finished / issued so far      */
+    xccl_status_t           ev_error;
 };
 
 struct sim {
@@ -50,7 +59,8 @@ struct sim {
     req_vec_t    *recvs;   /* [src * size + dst]: unmatched receives, posting order */
     req_vec_t     matched; /* receives matched and not yet delivered                */
     uint64_t      rng;
-    uint64_t      events;  /* posts, deliveries, reductions, completions            */
+    uint64_t      events;  /* posts, deliveries, reductions, completions, event tests */
+    const sim_opts_t *opts;
     size_t        msgs_cap;
     int           failed;
     sim_result_t *res;
@@ -128,6 +138,8 @@ int                     xccl_task_rank(const xccl_task_t *t) { return t->rank; }
 int                     xccl_task_size(const xccl_task_t *t) { return t->sim->size; }
 uint64_t               *xccl_task_state(xccl_task_t *t) { return t->state; }
 
+static xccl_status_t enqueue(xccl_task_t *t, sim_req_t *r);
+
 static xccl_status_t post(xccl_task_t *t, int is_send, int peer, void *buf, size_t nbytes,
                           uint32_t step)
 {
@@ -135,8 +147,6 @@ static xccl_status_t post(xccl_task_t *t, int is_send, int peer, void *buf, size
     const char      *what = is_send ? "send to" : "recv from";
     const sim_req_t *o;
     sim_req_t       *r;
-    req_vec_t       *mine, *theirs;
-    int              pair;
 
     if (peer < 0 || peer >= sim->size || peer == t->rank)
         return sim_fail(sim, "rank %d: %s invalid peer %d (step %u)", t->rank, what, peer, step);
@@ -163,7 +173,26 @@ static xccl_status_t post(xccl_task_t *t, int is_send, int peer, void *buf, size
     r->nbytes  = nbytes;
     r->step    = step;
     sim->events++;
+    if (t->nev > 0) {
+        /* an executor event issued before it is unfinished: held (algo.h, "Local work") */
+        r->fence = 1 + t->ev_issued;
+        return XCCL_OK;
+    }
+    return enqueue(t, r);
+}
 
+/* Records a posted request and matches it with the other side. */
+static xccl_status_t enqueue(xccl_task_t *t, sim_req_t *r)
+{
+    sim_t      *sim = t->sim;
+    int         is_send = r->is_send, peer = r->peer;
+    uint32_t    step   = r->step;
+    size_t      nbytes = r->nbytes;
+    const char *what   = is_send ? "send to" : "recv from";
+    req_vec_t  *mine, *theirs;
+    int         pair;
+
+    r->fence = 0;
     if (is_send) {
         sim_result_t *res = sim->res;
         if (res->nmsgs == sim->msgs_cap) {
@@ -209,9 +238,56 @@ xccl_status_t xccl_task_irecv(xccl_task_t *t, int peer, void *buf, size_t nbytes
     return post(t, 0, peer, buf, nbytes, step);
 }
 
+/* Tests the executor events oldest first, then queues the held requests whose events are all
+ * finished, in posting order. */
+static void poll_events(xccl_task_t *t)
+{
+    size_t k = 0;
+
+    if (t->nev > 0) t->sim->events++; /* a running executor is progress, not a deadlock */
+    while (k < t->nev) {
+        xccl_status_t st = t->exec->test(t->ev[k]);
+        if (st == XCCL_INPROGRESS) break;
+        if (st < 0 && t->ev_error == XCCL_OK) t->ev_error = st;
+        k++;
+        t->ev_done++;
+    }
+    memmove(t->ev, t->ev + k, (t->nev - k) * sizeof(*t->ev));
+    t->nev -= k;
+    for (size_t i = 0; i < t->reqs.n; i++) {
+        sim_req_t *r = t->reqs.v[i];
+        if (r->fence == 0) continue;
+        if (r->fence - 1 > t->ev_done) break;
+        if (enqueue(t, r) != XCCL_OK) return;
+    }
+}
+
+/* Takes an executor call's outcome: queued events are tracked, errors are sticky. */
+static xccl_status_t exec_result(xccl_task_t *t, xccl_status_t st, void *ev)
+{
+    if (st == XCCL_INPROGRESS) {
+        if (t->nev == t->ev_cap) {
+            size_t cap = t->ev_cap ? 2 * t->ev_cap : 16;
+            void **v   = realloc(t->ev, cap * sizeof(*v));
+            if (v == NULL) return sim_fail(t->sim, "sim: out of memory");
+            t->ev     = v;
+            t->ev_cap = cap;
+        }
+        t->ev[t->nev++] = ev;
+        t->ev_issued++;
+        return XCCL_OK;
+    }
+    if (st < 0 && t->ev_error == XCCL_OK) t->ev_error = st;
+    return st;
+}
+
 xccl_status_t xccl_task_test(xccl_task_t *t)
 {
     if (t->sim->failed) return XCCL_ERR_INTERNAL;
+    poll_events(t);
+    if (t->sim->failed) return XCCL_ERR_INTERNAL;
+    if (t->ev_error < 0) return t->ev_error;
+    if (t->nev > 0) return XCCL_INPROGRESS;
     for (size_t i = 0; i < t->reqs.n; i++)
         if (!t->reqs.v[i]->done) return XCCL_INPROGRESS;
     for (size_t i = 0; i < t->reqs.n; i++) free(t->reqs.v[i]);
@@ -241,7 +317,31 @@ xccl_status_t xccl_task_reduce(xccl_task_t *t, void *dst, const void *a, const v
     sim->events++;
     sim->res->reduce_bytes[t->rank] += nbytes;
     sim->res->reduce_calls[t->rank]++;
-    return xccl_reduce2(dst, a, b, count, args->dtype, args->op);
+    if (t->exec == &xccl_exec_cpu) return xccl_reduce2(dst, a, b, count, args->dtype, args->op);
+    {
+        void *ev = NULL;
+        return exec_result(t, t->exec->reduce(dst, a, b, count, args->dtype, args->op, &ev), ev);
+    }
+}
+
+xccl_status_t xccl_task_copy(xccl_task_t *t, void *dst, const void *src, size_t nbytes)
+{
+    const sim_req_t *o;
+    void            *ev = NULL;
+
+    if (nbytes == 0 || dst == src) return XCCL_OK;
+    if ((dst == NULL || src == NULL))
+        return sim_fail(t->sim, "rank %d: copy of %zu B with a NULL buffer", t->rank, nbytes);
+    if ((o = find_overlap(t, dst, nbytes, 0)) != NULL ||
+        (o = find_overlap(t, src, nbytes, 1)) != NULL)
+        return sim_fail(t->sim, "rank %d: copy of %zu B touches its pending %s %d step %u",
+                        t->rank, nbytes, o->is_send ? "send to" : "recv from", o->peer, o->step);
+    t->sim->events++;
+    if (t->exec == &xccl_exec_cpu) {
+        memmove(dst, src, nbytes);
+        return XCCL_OK;
+    }
+    return exec_result(t, t->exec->copy(dst, src, nbytes, &ev), ev);
 }
 
 void *xccl_task_scratch(xccl_task_t *t, size_t nbytes)
@@ -254,12 +354,14 @@ void *xccl_task_scratch(xccl_task_t *t, size_t nbytes)
                  nbytes);
         return NULL;
     }
-    /* always move, so that stale pointers into the old buffer fail under ASan */
-    p = malloc(nbytes ? nbytes : 1);
+    /* events still using the old buffer finish first */
+    while (t->scratch != NULL && t->nev > 0 && !t->sim->failed) poll_events(t);
+    /* always move, so that stale pointers into the old buffer fail under ASan; the contents
+     * are not kept (algo.h) */
+    p = t->exec->alloc(nbytes ? nbytes : 1);
     if (p == NULL) return NULL;
-    memset(p, 0xa5, nbytes);
-    if (t->scratch != NULL) memcpy(p, t->scratch, t->scratch_bytes);
-    free(t->scratch);
+    if (t->exec == &xccl_exec_cpu) memset(p, 0xa5, nbytes);
+    if (t->scratch != NULL) t->exec->free(t->scratch);
     t->scratch       = p;
     t->scratch_bytes = nbytes;
     return p;
@@ -275,6 +377,8 @@ static void deliver(sim_t *sim, int random)
 {
     size_t i = 0, delivered = 0;
 
+    if (sim->matched.n == 0) return;
+    if (sim->opts && sim->opts->transfer_access) sim->opts->transfer_access(1);
     while (i < sim->matched.n) {
         sim_req_t *rv = sim->matched.v[i], *sd = rv->match;
         int        go = !random || (sim_rand(sim) & 1) ||
@@ -289,6 +393,7 @@ static void deliver(sim_t *sim, int random)
         delivered++;
         sim->events++;
     }
+    if (sim->opts && sim->opts->transfer_access) sim->opts->transfer_access(0);
 }
 
 static void describe_deadlock(sim_t *sim, long pass)
@@ -328,6 +433,7 @@ xccl_status_t sim_run(const xccl_algo_t *algo, int size, const xccl_coll_args_t 
     sim.size  = size;
     sim.res   = res;
     sim.rng   = opts ? opts->seed : 0;
+    sim.opts  = opts;
     sim.tasks = calloc((size_t)size, sizeof(*sim.tasks));
     sim.sends = calloc((size_t)size * (size_t)size, sizeof(*sim.sends));
     sim.recvs = calloc((size_t)size * (size_t)size, sizeof(*sim.recvs));
@@ -342,6 +448,13 @@ xccl_status_t sim_run(const xccl_algo_t *algo, int size, const xccl_coll_args_t 
         sim.tasks[r].sim  = &sim;
         sim.tasks[r].rank = r;
         sim.tasks[r].args = &args[r];
+        sim.tasks[r].exec = xccl_exec_for(args[r].mem);
+        if (sim.tasks[r].exec == NULL) {
+            snprintf(res->error, sizeof(res->error), "rank %d: no executor for memory type %d",
+                     r, (int)args[r].mem);
+            st = XCCL_ERR_NOT_SUPPORTED;
+            goto out;
+        }
     }
 
     for (pass = 0; left > 0; pass++) {
@@ -355,6 +468,20 @@ xccl_status_t sim_run(const xccl_algo_t *algo, int size, const xccl_coll_args_t 
         for (int r = 0; r < size; r++) {
             xccl_task_t *t = &sim.tasks[r];
             if (t->finished) continue;
+            if (t->draining) {
+                poll_events(t);
+                if (t->ev_error < 0) {
+                    st = t->ev_error;
+                    snprintf(res->error, sizeof(res->error), "rank %d: executor: %s", r,
+                             xccl_status_string(st));
+                    goto out;
+                }
+                if (t->nev == 0) {
+                    t->finished = 1;
+                    left--;
+                }
+                continue;
+            }
             st = algo->progress(t);
             if (sim.failed) {
                 st = XCCL_ERR_INTERNAL;
@@ -372,9 +499,13 @@ xccl_status_t sim_run(const xccl_algo_t *algo, int size, const xccl_coll_args_t 
                                   r, algo->name, t->reqs.n);
                     goto out;
                 }
+                sim.events++;
+                if (t->nev > 0) {
+                    t->draining = 1; /* complete once its copies and reductions are */
+                    continue;
+                }
                 t->finished = 1;
                 left--;
-                sim.events++;
             } else if (st != XCCL_INPROGRESS) {
                 st = sim_fail(&sim, "rank %d: progress returned %d", r, (int)st);
                 goto out;
@@ -393,9 +524,14 @@ xccl_status_t sim_run(const xccl_algo_t *algo, int size, const xccl_coll_args_t 
 out:
     if (sim.tasks != NULL) {
         for (int r = 0; r < size; r++) {
-            for (size_t i = 0; i < sim.tasks[r].reqs.n; i++) free(sim.tasks[r].reqs.v[i]);
-            free(sim.tasks[r].reqs.v);
-            free(sim.tasks[r].scratch);
+            xccl_task_t *t = &sim.tasks[r];
+            /* executor events of a failed run finish before their buffers go */
+            for (size_t i = 0; t->exec != NULL && t->exec->test != NULL && i < t->nev; i++)
+                while (t->exec->test(t->ev[i]) == XCCL_INPROGRESS) {}
+            free(t->ev);
+            for (size_t i = 0; i < t->reqs.n; i++) free(t->reqs.v[i]);
+            free(t->reqs.v);
+            if (t->scratch != NULL) t->exec->free(t->scratch);
         }
     }
     for (int i = 0; sim.sends && sim.recvs && i < size * size; i++) {

@@ -270,6 +270,8 @@ typedef struct xccl_coll_opts {
     int64_t     timeout_ms;    /* <= 0: the communicator's                                   */
     int         blocking;      /* the caller waits right away: do not hand the operation to  */
                                /* the background progress thread                             */
+    xccl_mem_type_t mem;       /* where the buffers live (zero: host memory); a type without */
+                               /* an executor in this process fails the call (NOT_SUPPORTED) */
 } xccl_coll_opts_t;
 
 /* Messages between a pair with the same tag are matched in posting order. A receive buffer
