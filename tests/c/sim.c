@@ -252,8 +252,10 @@ static void poll_events(xccl_task_t *t)
         k++;
         t->ev_done++;
     }
-    memmove(t->ev, t->ev + k, (t->nev - k) * sizeof(*t->ev));
-    t->nev -= k;
+    if (k > 0) {
+        memmove(t->ev, t->ev + k, (t->nev - k) * sizeof(*t->ev));
+        t->nev -= k;
+    }
     for (size_t i = 0; i < t->reqs.n; i++) {
         sim_req_t *r = t->reqs.v[i];
         if (r->fence == 0) continue;
@@ -319,8 +321,9 @@ xccl_status_t xccl_task_reduce(xccl_task_t *t, void *dst, const void *a, const v
     sim->res->reduce_calls[t->rank]++;
     if (t->exec == &xccl_exec_cpu) return xccl_reduce2(dst, a, b, count, args->dtype, args->op);
     {
-        void *ev = NULL;
-        return exec_result(t, t->exec->reduce(dst, a, b, count, args->dtype, args->op, &ev), ev);
+        void         *ev = NULL;
+        xccl_status_t st = t->exec->reduce(dst, a, b, count, args->dtype, args->op, &ev);
+        return exec_result(t, st, ev);
     }
 }
 
@@ -328,6 +331,7 @@ xccl_status_t xccl_task_copy(xccl_task_t *t, void *dst, const void *src, size_t 
 {
     const sim_req_t *o;
     void            *ev = NULL;
+    xccl_status_t    st;
 
     if (nbytes == 0 || dst == src) return XCCL_OK;
     if ((dst == NULL || src == NULL))
@@ -341,7 +345,8 @@ xccl_status_t xccl_task_copy(xccl_task_t *t, void *dst, const void *src, size_t 
         memmove(dst, src, nbytes);
         return XCCL_OK;
     }
-    return exec_result(t, t->exec->copy(dst, src, nbytes, &ev), ev);
+    st = t->exec->copy(dst, src, nbytes, &ev);
+    return exec_result(t, st, ev);
 }
 
 void *xccl_task_scratch(xccl_task_t *t, size_t nbytes)
