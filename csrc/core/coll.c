@@ -164,6 +164,20 @@ static void task_release_held(xccl_task_t *t)
     }
 }
 
+/* Reports a failure of the task's executor (its own message, from the thread's last error,
+ * is kept) and makes it sticky on the task. */
+static xccl_status_t task_exec_fail(xccl_task_t *t, xccl_status_t st, const char *what)
+{
+    xccl_work_t *w = t->work;
+    char         why[256];
+
+    snprintf(why, sizeof(why), "%s", xccl_last_error());
+    st = XCCL_ERROR(st, "%s: %s on the %s executor failed on rank %d: %s", w->name, what,
+                    t->exec->name, w->comm->rank, why[0] ? why : xccl_status_string(st));
+    if (t->ev_error == XCCL_OK) t->ev_error = st;
+    return st;
+}
+
 /* Tests the task's executor events, oldest first, up to the first unfinished one, then posts
  * what they held back. */
 static void task_poll_events(xccl_task_t *t)
@@ -171,7 +185,7 @@ static void task_poll_events(xccl_task_t *t)
     while (t->nev > 0) {
         xccl_status_t st = t->exec->test(t->ev[t->ev_head]);
         if (st == XCCL_INPROGRESS) break;
-        if (st < 0 && t->ev_error == XCCL_OK) t->ev_error = st;
+        if (st < 0 && t->ev_error == XCCL_OK) (void)task_exec_fail(t, st, "queued work");
         t->ev_head++;
         t->nev--;
         t->ev_first++;
@@ -207,13 +221,7 @@ static xccl_status_t task_exec_result(xccl_task_t *t, xccl_status_t st, void *ev
         return XCCL_OK;
     }
 done:
-    if (st < 0) {
-        xccl_work_t *w = t->work;
-        st = XCCL_ERROR(st, "%s: %s on the %s executor failed on rank %d: %s", w->name, what,
-                        t->exec->name, w->comm->rank, xccl_last_error());
-        if (t->ev_error == XCCL_OK) t->ev_error = st;
-    }
-    return st;
+    return st < 0 ? task_exec_fail(t, st, what) : st;
 }
 
 static xccl_status_t task_post(xccl_task_t *t, req_kind_t kind, int peer, void *buf,

@@ -871,6 +871,8 @@ int xccl_ctx_progress_locked(xccl_ctx_t *ctx)
         if (w->active) xccl_work_progress_locked(w);
         if (w->active && w->deadline_ms > 0 && now > w->deadline_ms) xccl_work_expire(w);
         if (!w->active) events++;
+        /* executor events cannot wake a transport's wait: keep the caller polling them */
+        else if (w->kind == WORK_COLL && w->task.nev > 0) events++;
         xccl_work_release(w);
     }
     return events;

@@ -227,6 +227,13 @@ void xccl_work_expire(xccl_work_t *w)
                                     r->state == REQ_ACTIVE ? "in transfer" : "not started",
                                     r->nbytes);
     }
+    if (w->kind == WORK_COLL && (w->task.nev > 0 || w->task.nheld > 0) && off < sizeof(msg))
+        off += (size_t)snprintf(msg + off, sizeof(msg) - off,
+                                "%s %d local operation(s) unfinished on the %s executor (%d "
+                                "send(s)/receive(s) held behind them)",
+                                shown ? ";" : ":", w->task.nev, w->task.exec->name,
+                                w->task.nheld);
+    if (off >= sizeof(msg)) off = sizeof(msg) - 1;
     /* diag.c: where every member is; may take a moment, during which w may fail otherwise */
     off += xccl_diag_table(w->comm, xccl_diag_wait_ms(w->timeout_ms), msg + off, sizeof(msg) - off);
     if (!w->active) return;

@@ -194,6 +194,13 @@ static xccl_status_t fail_copy(void *dst, const void *src, size_t nbytes, void *
     return xccl_error_set(XCCL_ERR_CUDA, "fake device: copy failed");
 }
 
+static xccl_status_t fail_test(void *ev)
+{
+    xccl_status_t st = fdev_test(ev);
+    if (st != XCCL_OK) return st;
+    return xccl_error_set(XCCL_ERR_CUDA, "fake device: kernel failed");
+}
+
 static void test_exec_error(xccl_comm_t *c)
 {
     xccl_exec_ops_t        bad  = fdev_ops;
@@ -208,6 +215,18 @@ static void test_exec_error(xccl_comm_t *c)
     st       = xccl_allreduce(c, s, r, 4, XCCL_FLOAT32, XCCL_OP_SUM, &opts, &w);
     CHECK(st == XCCL_ERR_CUDA && w == NULL);
     CHECK_MSG(strstr(xccl_last_error(), "fake-device") != NULL, "%s", xccl_last_error());
+    /* the same found later, when the queued copy is tested */
+    bad.copy = fdev_ops.copy;
+    bad.test = fail_test;
+    st       = xccl_allreduce(c, s, r, 4, XCCL_FLOAT32, XCCL_OP_SUM, &opts, &w);
+    CHECK(st == XCCL_OK && w != NULL);
+    if (w != NULL) {
+        CHECK(xccl_work_wait(w, -1) == XCCL_ERR_CUDA);
+        CHECK_MSG(strstr(xccl_work_error(w), "kernel failed") != NULL &&
+                      strstr(xccl_work_error(w), "fake-device") != NULL,
+                  "%s", xccl_work_error(w));
+        xccl_work_release(w);
+    }
     xccl_exec_set_for_test(XCCL_MEM_CUDA, old);
     fdev_free(s);
     fdev_free(r);
