@@ -664,7 +664,8 @@ static xccl_status_t coll_prologue(xccl_work_t *w)
         break;
     case XCCL_COLL_SCATTER:
         if (rank == a->root)
-            XCCL_CHECK(xccl_task_copy(t, a->rbuf, (const char *)a->sbuf + (size_t)rank * blk, blk));
+            XCCL_CHECK(
+                xccl_task_copy(t, a->rbuf, (const char *)a->sbuf + (size_t)rank * blk, blk));
         break;
     case XCCL_COLL_ALLTOALL:
         if (a->sbuf == a->rbuf)

@@ -202,9 +202,13 @@ static xccl_status_t fdev_scale(void *dst, const void *src, size_t count, xccl_d
 static xccl_status_t fdev_divide(void *dst, const void *src, size_t count, xccl_dtype_t dtype,
                                  int n, void **ev)
 {
-    return fdev_issue(
-        (fdev_op_t){.kind = FDEV_DIVIDE, .dst = dst, .a = src, .n = count, .dtype = dtype, .div = n},
-        ev);
+    return fdev_issue((fdev_op_t){.kind  = FDEV_DIVIDE,
+                                  .dst   = dst,
+                                  .a     = src,
+                                  .n     = count,
+                                  .dtype = dtype,
+                                  .div   = n},
+                      ev);
 }
 
 static xccl_status_t fdev_test(void *ev)

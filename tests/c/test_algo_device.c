@@ -44,7 +44,10 @@ static int32_t pair_val(int from, int to, size_t i)
 }
 
 /* all-to-all-v: elements from `from` to `to`, uneven and sometimes none */
-static size_t vcount(int from, int to, size_t count) { return (size_t)((from + 2 * to) % 3) * count / 2; }
+static size_t vcount(int from, int to, size_t count)
+{
+    return (size_t)((from + 2 * to) % 3) * count / 2;
+}
 
 /* Device buffers of the case, freed together. */
 static void  *owned[4 * MAXN + 4];
@@ -273,7 +276,8 @@ static void sweep(void)
                     run_case(a, n, counts[ci], 0, XCCL_OP_SUM);
                     ran += n > 1 && counts[ci] > 0;
                     if (rooted && n > 1) run_case(a, n, counts[ci], n - 1, XCCL_OP_SUM);
-                    if (reducing && counts[ci] > 1) run_case(a, n, counts[ci], n / 2, XCCL_OP_MAX);
+                    if (reducing && counts[ci] > 1)
+                        run_case(a, n, counts[ci], n / 2, XCCL_OP_MAX);
                 }
             }
             CHECK_MSG(ran > 0 || c == XCCL_COLL_BARRIER, "%s %s never ran on several ranks",

@@ -119,7 +119,9 @@ static int run_one(xccl_comm_t *c, xccl_coll_t coll, const char *algo, int v, si
         case XCCL_COLL_ALLGATHER: have = 1, want = val((int)(i / n), i % n); break;
         case XCCL_COLL_GATHER: have = rank == root, want = val((int)(i / n), i % n); break;
         case XCCL_COLL_SCATTER: want = val(root, (size_t)rank * n + i); break;
-        case XCCL_COLL_ALLTOALL: have = 1, want = val((int)(i / n), (size_t)rank * n + i % n); break;
+        case XCCL_COLL_ALLTOALL:
+            have = 1, want = val((int)(i / n), (size_t)rank * n + i % n);
+            break;
         case XCCL_COLL_ALLTOALLV: {
             int    q = (int)(i / n);
             size_t k = i % n;
