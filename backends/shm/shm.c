@@ -75,6 +75,7 @@
  * Threading: see xccl_transport.h. `wait` reads only atomics (shared rings and bell, the
  * per-peer state and a few context words) and never touches the queues.
  */
+#include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <poll.h>
@@ -95,8 +96,8 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include "core/check.h"
 #include "shm_layout.h"
+#include "xccl/xccl_tp_support.h"
 #include "xccl/xccl_transport.h"
 
 #define SHM_CMA_STEP     ((size_t)4 << 20)    /* most bytes one process_vm_readv pulls     */

@@ -38,6 +38,7 @@
  * readable when any socket in the set (or the wake-up eventfd) has something to report;
  * it consumes nothing, so the next `progress` sees every event.
  */
+#include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <stdio.h>
@@ -54,10 +55,8 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include "core/auth.h"
-#include "core/check.h"
-#include "core/sock.h"
 #include "tcp_wire.h"
+#include "xccl/xccl_tp_support.h"
 #include "xccl/xccl_transport.h"
 
 #define TCP_RBUF_LEN       8192              /* staging buffer per connection               */

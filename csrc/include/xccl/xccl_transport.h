@@ -22,6 +22,11 @@
  * Versioning
  *   abi_version must equal XCCL_TRANSPORT_ABI_VERSION. New entries are appended; optional
  *   entries may be NULL.
+ *
+ * Building a transport
+ *   A transport needs only the public headers: this one, xccl.h and xccl_tp_support.h (errors,
+ *   logging, clocks, sockets, the authentication handshake). The built-in ones (tcp, shm) are
+ *   built that way; a transport built elsewhere is added with xccl_transport_register.
  */
 #ifndef XCCL_TRANSPORT_H
 #define XCCL_TRANSPORT_H
@@ -35,15 +40,16 @@
 extern "C" {
 #endif
 
-#define XCCL_TRANSPORT_ABI_VERSION 2
+#define XCCL_TRANSPORT_ABI_VERSION 3
 #define XCCL_TP_ADDR_MAX           256 /* bytes of address blob per rank and transport */
+#define XCCL_TP_NAME_MAX           16  /* bytes of a transport's name, NUL included     */
 #define XCCL_CPU_WORDS             16  /* xccl_peer_info_t.cpus: CPUs 0..1023           */
 
 /* Wire header of every message (host byte order; peers are assumed to share endianness, which
  * the TCP handshake verifies). 32 bytes. */
 typedef struct xccl_msg_hdr {
     uint64_t comm_id; /* communicator the message belongs to                                */
-    uint64_t tag;     /* match key within the communicator (see csrc/core/tags.h)            */
+    uint64_t tag;     /* match key within the communicator (opaque to transports)            */
     uint64_t fp;      /* fingerprint of the call that sent it (0 for point-to-point)         */
     uint64_t nbytes;  /* payload bytes that follow                                           */
 } xccl_msg_hdr_t;
@@ -119,7 +125,7 @@ enum {
 
 typedef struct xccl_transport_ops {
     uint32_t    abi_version; /* XCCL_TRANSPORT_ABI_VERSION                                    */
-    const char *name;        /* "tcp", "shm", ... (used by XCCL_TRANSPORTS)                   */
+    const char *name;        /* "tcp", "shm", ... (used by XCCL_TRANSPORTS; < XCCL_TP_NAME_MAX) */
     uint32_t    caps;        /* XCCL_TP_CAP_* bits                                            */
     int         priority;    /* among transports that reach a peer, the highest is used       */
 
@@ -169,6 +175,20 @@ typedef struct xccl_transport_ops {
     double alpha;
     double beta;
 } xccl_transport_ops_t;
+
+/* Adds a transport to those every later context chooses from (XCCL_TRANSPORTS names it, or its
+ * priority ranks it among the others); a context created before does not see it. `ops` must
+ * stay valid until the process exits; it cannot be removed. Thread-safe, but a registration
+ * racing with a communicator's creation may or may not be seen by it.
+ * XCCL_ERR_INVALID_ARG: abi_version is not XCCL_TRANSPORT_ABI_VERSION, a mandatory entry (init,
+ * finalize, reachable, get_addr, wireup, isend, progress; mem_reg and mem_dereg with
+ * XCCL_TP_CAP_NEEDS_REG) is NULL, or the name is empty, too long or already taken.
+ * XCCL_ERR_NOT_SUPPORTED: no room for another transport (XCCL_TP_REGISTER_MAX). */
+#define XCCL_TP_REGISTER_MAX 2
+xccl_status_t xccl_transport_register(const xccl_transport_ops_t *ops);
+/* The transport named `name`, built in or registered; NULL if there is none. A transport may
+ * wrap another (e.g. tcp) by calling its entries with its own state. */
+const xccl_transport_ops_t *xccl_transport_find(const char *name);
 
 #ifdef __cplusplus
 }
