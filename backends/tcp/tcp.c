@@ -1328,6 +1328,15 @@ static void tcp_wait(xccl_tp_ctx_t *ctx, int timeout_ms)
     (void)poll(&pfd, 1, timeout_ms);
 }
 
+/* The core's poll over several transports: the epoll set (sockets and the wake eventfd) is
+ * readable whenever tcp_wait would return. */
+static int tcp_wait_arm(xccl_tp_ctx_t *ctx, int *fd)
+{
+    if (ctx->ndefer > 0) return 0;
+    *fd = ctx->epfd;
+    return 1;
+}
+
 const xccl_transport_ops_t xccl_transport_tcp = {
     .abi_version = XCCL_TRANSPORT_ABI_VERSION,
     .name        = "tcp",
@@ -1341,6 +1350,7 @@ const xccl_transport_ops_t xccl_transport_tcp = {
     .isend       = tcp_isend,
     .progress    = tcp_progress,
     .wait        = tcp_wait,
+    .wait_arm    = tcp_wait_arm,
     .wake        = tcp_wake,
     .close_peer  = tcp_close_peer,
 };

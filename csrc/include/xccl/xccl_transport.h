@@ -16,8 +16,15 @@
  *
  * Threading
  *   A transport context is driven by one thread at a time: the core serialises every call into
- *   a context (and every upcall out of it) under its own lock. Only `wait` is called without
- *   that lock and may run concurrently with other calls; it must only sleep.
+ *   a context (and every upcall out of it) under its own lock. Only `wait`, `wait_arm` and
+ *   `wait_disarm` are called without that lock and may run concurrently with other calls (and
+ *   with each other, from several threads); they must only sleep or prepare a sleep.
+ *
+ * Sleeping
+ *   With one transport in a context the core sleeps in its `wait`. With several it sleeps on all
+ *   at once: it arms each (wait_arm), polls the descriptors they give for POLLIN in one poll(2),
+ *   then disarms each (wait_disarm). A descriptor must turn readable whenever `wait` would
+ *   return: a message or completion to progress, a `wake`.
  *
  * Versioning
  *   abi_version must equal XCCL_TRANSPORT_ABI_VERSION. New entries are appended; optional
@@ -40,7 +47,7 @@
 extern "C" {
 #endif
 
-#define XCCL_TRANSPORT_ABI_VERSION 3
+#define XCCL_TRANSPORT_ABI_VERSION 4
 #define XCCL_TP_ADDR_MAX           256 /* bytes of address blob per rank and transport */
 #define XCCL_TP_NAME_MAX           16  /* bytes of a transport's name, NUL included     */
 #define XCCL_CPU_WORDS             16  /* xccl_peer_info_t.cpus: CPUs 0..1023           */
@@ -155,7 +162,7 @@ typedef struct xccl_transport_ops {
     /* Optional: sleeps until this transport may have something to do or timeout_ms passes.
      * Called without the core lock (see Threading). NULL: the core sleeps on its own. */
     void (*wait)(xccl_tp_ctx_t *ctx, int timeout_ms);
-    /* Optional: wakes a thread sleeping in `wait`. */
+    /* Optional: wakes a thread sleeping in `wait` or polling wait_arm's descriptor. */
     void (*wake)(xccl_tp_ctx_t *ctx);
 
     /* Optional: drops the connection to `peer` now (the core gives up on an operation that
@@ -174,6 +181,14 @@ typedef struct xccl_transport_ops {
      * for communicators whose links are of this transport. */
     double alpha;
     double beta;
+
+    /* Optional, for a context with several transports (see Sleeping): prepares a sleep.
+     * 0: this transport has something to do now; the core does not sleep and does not disarm
+     * it. 1: armed, and *fd is a descriptor to poll for POLLIN, or -1 when it has none (the
+     * core then sleeps at most 1 ms). NULL: the core sleeps at most 1 ms at a time. */
+    int (*wait_arm)(xccl_tp_ctx_t *ctx, int *fd);
+    /* Optional: undoes a wait_arm that returned 1, after the poll. */
+    void (*wait_disarm)(xccl_tp_ctx_t *ctx);
 } xccl_transport_ops_t;
 
 /* Adds a transport to those every later context chooses from (XCCL_TRANSPORTS names it, or its
