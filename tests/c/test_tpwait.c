@@ -86,11 +86,12 @@ static void *waker_main(void *arg)
     waker_t *k = arg;
 
     usleep(100 * 1000);
+    /* the condition first, then the wake (a wake-up says "look again") */
+    k->t_sent = xccl_now_ns();
+    atomic_store(&k->sent, 1);
     pthread_mutex_lock(&k->ctx->lock);
     k->ctx->tp[k->tp].ops->wake(k->ctx->tp[k->tp].ctx);
     pthread_mutex_unlock(&k->ctx->lock);
-    k->t_sent = xccl_now_ns();
-    atomic_store(&k->sent, 1);
     return NULL;
 }
 
