@@ -44,6 +44,16 @@
  *     waiter: sleepers++ (seq_cst); any head != tail, or bell != seen -> return; FUTEX_WAIT(seen)
  *     sender: store head (release); fence; sleepers != 0 -> bell++, FUTEX_WAKE
  *   Either the waiter sees the data or the sender sees the sleeper, so no wake-up is lost.
+ *   In a context with other transports too, the core sleeps on all of them in one poll(2)
+ *   (wait_arm / wait_disarm), which a futex cannot join. Each rank then also has a wake socket:
+ *   a datagram socket bound to an abstract name made of the job id, its rank and pid, so peers
+ *   reach it with no file to clean up. A polling thread counts itself in `pollers` instead of
+ *   `sleepers`, and senders that see pollers != 0 (at the same points as sleepers) send it an
+ *   empty datagram from a socket of their process; the last poller to leave drains it. Peers
+ *   that cannot reach the socket (another network namespace) say so at attach time (ring
+ *   `poke` stays 0), and then the core sleeps 1 ms at a time, as without the socket. The
+ *   single-transport path never touches the socket: senders only read `pollers` beside
+ *   `sleepers`, on the same cache line.
  *
  * Failure
  *   Each peer's process is watched through a pidfd (kill(pid, 0) where pidfd_open is missing),
@@ -75,6 +85,7 @@
  * Threading: see xccl_transport.h. `wait` reads only atomics (shared rings and bell, the
  * per-peer state and a few context words) and never touches the queues.
  */
+#include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <poll.h>
@@ -90,13 +101,15 @@
 #include <linux/futex.h>
 #include <sys/mman.h>
 #include <sys/random.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
+#include <sys/un.h>
 #include <unistd.h>
 
-#include "core/check.h"
 #include "shm_layout.h"
+#include "xccl/xccl_tp_support.h"
 #include "xccl/xccl_transport.h"
 
 #define SHM_CMA_STEP     ((size_t)4 << 20)    /* most bytes one process_vm_readv pulls     */
@@ -200,6 +213,9 @@ struct xccl_tp_ctx {
     int64_t        next_liveness;
     shm_send_t    *free_sends;
 
+    int            wake_fd;  /* our wake socket (see Waiting); -1: none              */
+    int            pollable; /* every peer reaches it: wait_arm may hand it out      */
+
     _Atomic uint32_t seen_bell; /* bell value at the start of the last progress pass */
     _Atomic int      must_poll; /* progress stopped on a budget: `wait` must not sleep */
     volatile uint64_t probe;    /* peers read this with process_vm_readv             */
@@ -217,6 +233,51 @@ static void shm_futex_wake(_Atomic uint32_t *word)
     (void)syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }
 
+/* The abstract socket name of the wake socket of (job, rank, pid); returns its length. */
+static socklen_t shm_wake_addr(struct sockaddr_un *a, uint64_t job_id, int rank, int32_t pid)
+{
+    int n;
+
+    memset(a, 0, sizeof(*a));
+    a->sun_family = AF_UNIX;
+    /* sun_path[0] = 0: the abstract namespace */
+    n = snprintf(a->sun_path + 1, sizeof(a->sun_path) - 1, SHM_NAME_PREFIX "wake-%016" PRIx64
+                 "-%d-%d", job_id, rank, (int)pid);
+    return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
+}
+
+/* This process's socket for sending wake datagrams: made once, kept until exit (shared by
+ * every context and thread; sendto on one socket needs no lock). */
+static _Atomic int shm_poke_sock = -1;
+
+static int shm_poke_socket(void)
+{
+    int fd = atomic_load_explicit(&shm_poke_sock, memory_order_acquire), none = -1;
+
+    if (fd >= 0) return fd;
+    fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    if (!atomic_compare_exchange_strong(&shm_poke_sock, &none, fd)) {
+        close(fd); /* another thread made it first */
+        fd = none;
+    }
+    return fd;
+}
+
+/* Sends the owner of `h` a wake datagram. 0 when it is (or already was: a full queue) woken. */
+static int shm_poke(const shm_seg_hdr_t *h)
+{
+    struct sockaddr_un a;
+    socklen_t          len = shm_wake_addr(&a, h->job_id, h->rank, h->pid);
+    int                fd  = shm_poke_socket();
+
+    if (fd < 0) return -1;
+    if (sendto(fd, "", 0, MSG_DONTWAIT | MSG_NOSIGNAL, (struct sockaddr *)&a, len) == 0 ||
+        errno == EAGAIN)
+        return 0;
+    return -1;
+}
+
 /* Data was published into a ring of the owner of `h`: wake it only if it sleeps. */
 static void shm_bell_if_sleeping(shm_seg_hdr_t *h)
 {
@@ -225,6 +286,8 @@ static void shm_bell_if_sleeping(shm_seg_hdr_t *h)
         atomic_fetch_add(&h->bell, 1);
         shm_futex_wake(&h->bell);
     }
+    if (XCCL_UNLIKELY(atomic_load_explicit(&h->pollers, memory_order_relaxed) != 0))
+        (void)shm_poke(h);
 }
 
 /* Something the owner of `h` does not poll for happened: always move the bell. */
@@ -232,6 +295,7 @@ static void shm_bell(shm_seg_hdr_t *h)
 {
     atomic_fetch_add(&h->bell, 1);
     if (atomic_load(&h->sleepers) != 0) shm_futex_wake(&h->bell);
+    if (atomic_load(&h->pollers) != 0) (void)shm_poke(h);
 }
 
 static int shm_pidfd_open(pid_t pid)
@@ -885,6 +949,20 @@ static xccl_status_t shm_progress(xccl_tp_ctx_t *ctx, int *nevents)
     return XCCL_OK;
 }
 
+/* 1 when no ring has data or a close to look at (read by a thread that counted itself in
+ * sleepers or pollers first, see Waiting). */
+static int shm_rings_idle(const xccl_tp_ctx_t *ctx)
+{
+    for (int i = 0; i < ctx->nup; i++) {
+        shm_peer_t *p = &ctx->peers[ctx->up_list[i]];
+        if (atomic_load_explicit(&p->state, memory_order_relaxed) != SHM_P_UP) continue;
+        if (atomic_load(&p->in.ctl->head) != atomic_load(&p->in.ctl->tail) ||
+            atomic_load_explicit(&p->in.ctl->closed, memory_order_relaxed) != SHM_OPEN)
+            return 0;
+    }
+    return 1;
+}
+
 /* Sleeps on our bell unless a ring has data, progress left work behind, or the bell moved
  * since the last progress pass (see Waiting). A peer's death rings no bell: it is noticed by
  * the progress pass after the sleep, so timeout_ms bounds how late (the core passes a few ms). */
@@ -893,22 +971,47 @@ static void shm_wait(xccl_tp_ctx_t *ctx, int timeout_ms)
     shm_seg_hdr_t  *h    = ctx->seg;
     uint32_t        seen = atomic_load_explicit(&ctx->seen_bell, memory_order_relaxed);
     struct timespec ts;
-    int             idle = 1;
 
     if (timeout_ms <= 0 || atomic_load_explicit(&ctx->must_poll, memory_order_relaxed)) return;
     atomic_fetch_add(&h->sleepers, 1);
-    for (int i = 0; i < ctx->nup && idle; i++) {
-        shm_peer_t *p = &ctx->peers[ctx->up_list[i]];
-        if (atomic_load_explicit(&p->state, memory_order_relaxed) != SHM_P_UP) continue;
-        idle = atomic_load(&p->in.ctl->head) == atomic_load(&p->in.ctl->tail) &&
-               atomic_load_explicit(&p->in.ctl->closed, memory_order_relaxed) == SHM_OPEN;
-    }
-    if (idle && atomic_load(&h->bell) == seen) {
+    if (shm_rings_idle(ctx) && atomic_load(&h->bell) == seen) {
         ts.tv_sec  = timeout_ms / 1000;
         ts.tv_nsec = (long)(timeout_ms % 1000) * 1000000L;
         (void)syscall(SYS_futex, (uint32_t *)&h->bell, FUTEX_WAIT, seen, &ts, NULL, 0);
     }
     atomic_fetch_sub(&h->sleepers, 1);
+}
+
+/* The same checks as shm_wait, for the core's poll over several transports: counted in
+ * pollers, the thread is woken through the wake socket (see Waiting). */
+static int shm_wait_arm(xccl_tp_ctx_t *ctx, int *fd)
+{
+    shm_seg_hdr_t *h    = ctx->seg;
+    uint32_t       seen = atomic_load_explicit(&ctx->seen_bell, memory_order_relaxed);
+
+    if (atomic_load_explicit(&ctx->must_poll, memory_order_relaxed)) return 0;
+    if (!ctx->pollable) {
+        *fd = -1;
+        return 1;
+    }
+    atomic_fetch_add(&h->pollers, 1);
+    if (!shm_rings_idle(ctx) || atomic_load(&h->bell) != seen) {
+        atomic_fetch_sub(&h->pollers, 1);
+        return 0;
+    }
+    *fd = ctx->wake_fd;
+    return 1;
+}
+
+/* The last poller out empties the wake socket; one still polling would lose its wake-up. */
+static void shm_wait_disarm(xccl_tp_ctx_t *ctx)
+{
+    char buf[8];
+    int  n = 0;
+
+    if (!ctx->pollable || atomic_fetch_sub(&ctx->seg->pollers, 1) != 1) return;
+    while (n++ < 256 && recv(ctx->wake_fd, buf, sizeof(buf), MSG_DONTWAIT) >= 0)
+        continue;
 }
 
 static void shm_wake(xccl_tp_ctx_t *ctx) { shm_bell(ctx->seg); }
@@ -1034,6 +1137,7 @@ static xccl_status_t shm_attach(xccl_tp_ctx_t *ctx, int peer, const shm_addr_t *
                   peer, (int)p->pid, why);
     /* our decision goes into the ring it writes to, before it learns we are attached */
     atomic_store(&p->in.ctl->cma, cma ? SHM_CMA_ON : SHM_CMA_OFF);
+    atomic_store(&p->out.ctl->poke, shm_poke(h) == 0); /* a stray wake-up is harmless */
     atomic_store(&p->out.ctl->attached, 1);
     shm_bell(h);
     return XCCL_OK;
@@ -1143,6 +1247,7 @@ static xccl_status_t shm_wireup(xccl_tp_ctx_t *ctx, const void *const *addrs, co
     }
     /* everyone who will ever map our segment has: the name can go */
     if (ctx->linked && shm_unlink(ctx->name) == 0) ctx->linked = 0;
+    ctx->pollable = ctx->wake_fd >= 0;
     for (int i = 0; i < ctx->size; i++) {
         shm_peer_t *p = &ctx->peers[i];
         if (!use[i] || i == ctx->rank) continue;
@@ -1151,6 +1256,7 @@ static xccl_status_t shm_wireup(xccl_tp_ctx_t *ctx, const void *const *addrs, co
         p->tail_cache = atomic_load(&p->out.ctl->tail);
         p->rhead = p->rtail = p->rtail_pub = atomic_load(&p->in.ctl->tail);
         ctx->up_list[ctx->nup++] = i;
+        if (!atomic_load(&p->in.ctl->poke)) ctx->pollable = 0;
         atomic_store(&p->state, SHM_P_UP);
     }
     if (ctx->cma_min == UINT64_MAX)
@@ -1202,6 +1308,7 @@ static void shm_finalize(xccl_tp_ctx_t *ctx)
     if (ctx->linked) shm_unlink(ctx->name);
     if (ctx->seg != NULL) munmap(ctx->seg, (size_t)ctx->seg_bytes);
     if (ctx->fd >= 0) close(ctx->fd); /* drops our OFD lock */
+    if (ctx->wake_fd >= 0) close(ctx->wake_fd);
     free(ctx->peers);
     free(ctx->up_list);
     free(ctx->pfds);
@@ -1256,6 +1363,7 @@ static xccl_status_t shm_init(const xccl_tp_init_params_t *params, xccl_tp_ctx_t
     ctx = calloc(1, sizeof(*ctx));
     if (ctx == NULL) return XCCL_ERROR(XCCL_ERR_NO_MEMORY, "shm: init: context");
     ctx->fd      = -1;
+    ctx->wake_fd = -1;
     ctx->rank    = params->rank;
     ctx->size    = params->size;
     ctx->job_id  = params->job_id;
@@ -1328,6 +1436,19 @@ static xccl_status_t shm_init(const xccl_tp_init_params_t *params, xccl_tp_ctx_t
         goto fail;
     }
     {
+        /* the wake socket exists before peers can attach (they test it then) */
+        struct sockaddr_un a;
+        socklen_t          alen = shm_wake_addr(&a, ctx->job_id, ctx->rank, (int32_t)getpid());
+        ctx->wake_fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (ctx->wake_fd < 0 || bind(ctx->wake_fd, (struct sockaddr *)&a, alen) != 0) {
+            e = errno;
+            if (ctx->wake_fd >= 0) close(ctx->wake_fd);
+            ctx->wake_fd = -1;
+            XCCL_INFO("shm: rank %d: no wake socket (%s): beside other transports the wait "
+                      "polls every ms", ctx->rank, strerror(e));
+        }
+    }
+    {
         shm_seg_hdr_t *h = ctx->seg;
         int            k = 0;
 
@@ -1348,6 +1469,7 @@ static xccl_status_t shm_init(const xccl_tp_init_params_t *params, xccl_tp_ctx_t
                                                                                         : -1;
         atomic_store(&h->bell, 0);
         atomic_store(&h->sleepers, 0);
+        atomic_store(&h->pollers, 0);
         /* the magic last: a peer that sees it sees the rest */
         atomic_thread_fence(memory_order_release);
         h->magic = SHM_SEG_MAGIC;
@@ -1402,6 +1524,8 @@ const xccl_transport_ops_t xccl_transport_shm = {
     .isend       = shm_isend,
     .progress    = shm_progress,
     .wait        = shm_wait,
+    .wait_arm    = shm_wait_arm,
+    .wait_disarm = shm_wait_disarm,
     .wake        = shm_wake,
     .close_peer  = shm_close_peer,
 };

@@ -41,7 +41,7 @@
 
 #include "xccl/xccl_transport.h"
 
-#define SHM_VERSION    2
+#define SHM_VERSION    3
 #define SHM_SEG_MAGIC  0x324d48534c434358ull /* "XCCLSHM2" as a little-endian uint64 */
 #define SHM_ADDR_MAGIC "XSHA"
 #define SHM_NAME_MAX   64
@@ -91,6 +91,8 @@ typedef struct shm_ring_ctl {
     _Alignas(SHM_LINE) _Atomic uint32_t closed; /* SHM_OPEN / SHM_FINALIZED / SHM_DROPPED */
     _Atomic uint32_t cma;      /* SHM_CMA_*: may the producer send CMA records           */
     _Atomic uint32_t attached; /* the producer has mapped this segment                    */
+    _Atomic uint32_t poke;     /* the producer reaches the consumer's wake socket: set
+                                  before `attached`                                       */
     /* lines 3-7: why the producer dropped the pair (SHM_DROPPED), NUL-terminated; written
      * once, before `closed` is set (seq_cst), and read only after `closed` was seen (acquire),
      * so a rank that gives up on an operation because a third rank died can name that rank
@@ -111,9 +113,11 @@ typedef struct shm_seg_hdr {
     uint64_t probe_addr;  /* address, in the owner, of a word equal to probe_value      */
     uint64_t probe_value; /* (a peer's process_vm_readv of it proves CMA works)         */
     uint64_t pid_ns;      /* inode of the owner's pid namespace (0: unknown)           */
-    /* line 1: waking the owner (the futex word and the number of its sleeping threads) */
+    /* line 1: waking the owner (the futex word, the number of its threads sleeping on it and
+     * of those polling its wake socket instead; see shm.c, Waiting) */
     _Alignas(SHM_LINE) _Atomic uint32_t bell;
     _Atomic uint32_t sleepers;
+    _Atomic uint32_t pollers; /* owner's threads in the core's poll over transports       */
     /* line 2 */
     _Alignas(SHM_LINE) int32_t nrings;
     _Alignas(SHM_LINE) int32_t ring_of[]; /* size entries                                */

@@ -38,6 +38,7 @@
  * readable when any socket in the set (or the wake-up eventfd) has something to report;
  * it consumes nothing, so the next `progress` sees every event.
  */
+#include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <stdio.h>
@@ -54,10 +55,8 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include "core/auth.h"
-#include "core/check.h"
-#include "core/sock.h"
 #include "tcp_wire.h"
+#include "xccl/xccl_tp_support.h"
 #include "xccl/xccl_transport.h"
 
 #define TCP_RBUF_LEN       8192              /* staging buffer per connection               */
@@ -1329,6 +1328,15 @@ static void tcp_wait(xccl_tp_ctx_t *ctx, int timeout_ms)
     (void)poll(&pfd, 1, timeout_ms);
 }
 
+/* The core's poll over several transports: the epoll set (sockets and the wake eventfd) is
+ * readable whenever tcp_wait would return. */
+static int tcp_wait_arm(xccl_tp_ctx_t *ctx, int *fd)
+{
+    if (ctx->ndefer > 0) return 0;
+    *fd = ctx->epfd;
+    return 1;
+}
+
 const xccl_transport_ops_t xccl_transport_tcp = {
     .abi_version = XCCL_TRANSPORT_ABI_VERSION,
     .name        = "tcp",
@@ -1342,6 +1350,7 @@ const xccl_transport_ops_t xccl_transport_tcp = {
     .isend       = tcp_isend,
     .progress    = tcp_progress,
     .wait        = tcp_wait,
+    .wait_arm    = tcp_wait_arm,
     .wake        = tcp_wake,
     .close_peer  = tcp_close_peer,
 };

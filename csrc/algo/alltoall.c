@@ -84,18 +84,20 @@ static void bruck_cost(int size, size_t nbytes, xccl_cost_t *out)
 }
 
 /* Copies the tmp blocks whose index has bit k set to or from the packed buffer. */
-static void bruck_pack(char *tmp, char *pack, int n, int k, size_t blk, int unpack)
+static xccl_status_t bruck_pack(xccl_task_t *t, char *tmp, char *pack, int n, int k, size_t blk,
+                                int unpack)
 {
     size_t j = 0;
 
     for (int i = 1; i < n; i++) {
         if (!(i >> k & 1)) continue;
         if (unpack)
-            memcpy(tmp + (size_t)i * blk, pack + j * blk, blk);
+            XCCL_CHECK(xccl_task_copy(t, tmp + (size_t)i * blk, pack + j * blk, blk));
         else
-            memcpy(pack + j * blk, tmp + (size_t)i * blk, blk);
+            XCCL_CHECK(xccl_task_copy(t, pack + j * blk, tmp + (size_t)i * blk, blk));
         j++;
     }
+    return XCCL_OK;
 }
 
 static xccl_status_t alltoall_bruck_progress(xccl_task_t *t)
@@ -129,18 +131,21 @@ static xccl_status_t alltoall_bruck_progress(xccl_task_t *t)
         int k = (int)(*phase)++;
         if (k == 0) {
             for (int i = 1; i < n; i++)
-                memcpy(tmp + (size_t)i * blk, sbuf + (size_t)((rank + i) % n) * blk, blk);
+                XCCL_CHECK(
+                    xccl_task_copy(t, tmp + (size_t)i * blk, sbuf + (size_t)((rank + i) % n) * blk,
+                                   blk));
         } else {
-            bruck_pack(tmp, rpack, n, k - 1, blk, 1);
+            XCCL_CHECK(bruck_pack(t, tmp, rpack, n, k - 1, blk, 1));
         }
         if (k == rounds) {
             for (int i = 1; i < n; i++)
-                memcpy(rbuf + (size_t)((rank - i + n) % n) * blk, tmp + (size_t)i * blk, blk);
+                XCCL_CHECK(xccl_task_copy(t, rbuf + (size_t)((rank - i + n) % n) * blk,
+                                          tmp + (size_t)i * blk, blk));
             return XCCL_OK;
         }
         int    d = 1 << k;
         size_t m = (size_t)xccl_pat_bruck_a2a_nblocks(n, k);
-        bruck_pack(tmp, spack, n, k, blk, 0);
+        XCCL_CHECK(bruck_pack(t, tmp, spack, n, k, blk, 0));
         XCCL_CHECK(xccl_task_irecv(t, (rank - d + n) % n, rpack, m * blk, (uint32_t)k));
         XCCL_CHECK(xccl_task_isend(t, (rank + d) % n, spack, m * blk, (uint32_t)k));
     }

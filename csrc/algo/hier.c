@@ -54,6 +54,7 @@
  */
 #include "algo/algo.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "algo/patterns.h"
@@ -166,25 +167,42 @@ static void *scratch_or_fail(xccl_task_t *t, size_t nbytes, const char *algo)
     return p;
 }
 
+/* Runs a progress function with room for k * n + nnodes ints of rank maps. The maps are host
+ * memory, which the task's scratch need not be; they are rebuilt on every call, and
+ * xccl_task_sub copies the ones it needs when it creates a sub-task. Nothing to do without
+ * data or peers. */
+static xccl_status_t with_maps(xccl_task_t *t, int k,
+                               xccl_status_t (*run)(xccl_task_t *t, int *maps))
+{
+    const xccl_coll_args_t *a = xccl_task_args(t);
+    int                     n = xccl_task_size(t), H = a->topo != NULL ? a->topo->nnodes : 1;
+    int                    *maps;
+    xccl_status_t           st;
+
+    if (a->count == 0 || n == 1) return XCCL_OK;
+    maps = malloc(((size_t)k * (size_t)n + (size_t)H) * sizeof(int));
+    if (maps == NULL)
+        return XCCL_ERROR(XCCL_ERR_NO_MEMORY, "%s %s: rank %d: out of memory",
+                          xccl_coll_name(a->coll), "hier", xccl_task_rank(t));
+    st = run(t, maps);
+    free(maps);
+    return st;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * all_reduce "hier"
  * ------------------------------------------------------------------------------------------- */
 
-static xccl_status_t ar_progress(xccl_task_t *t)
+static xccl_status_t ar_run(xccl_task_t *t, int *maps)
 {
     const xccl_coll_args_t *a    = xccl_task_args(t);
     uint64_t               *w    = xccl_task_state(t); /* w[0]: next phase */
     uint32_t                span = xccl_task_step_limit(t) / 4;
-    place_t                 p;
+    place_t                 p    = place_of(t);
     xccl_coll_args_t        s;
-    int                    *local, *leaders, L;
+    int                    *local = maps, *leaders = maps + p.n, L;
     xccl_status_t           st;
 
-    if (a->count == 0 || xccl_task_size(t) == 1) return XCCL_OK;
-    p     = place_of(t);
-    local = scratch_or_fail(t, (size_t)(p.n + p.nnodes) * sizeof(int), "all_reduce hier");
-    if (local == NULL) return XCCL_ERR_NO_MEMORY;
-    leaders = local + p.n;
     L       = node_members(&p, p.node, local);
     local_index_ranks(&p, 0, leaders);
     for (;;) {
@@ -209,6 +227,8 @@ static xccl_status_t ar_progress(xccl_task_t *t)
         w[0]++;
     }
 }
+
+static xccl_status_t ar_progress(xccl_task_t *t) { return with_maps(t, 1, ar_run); }
 
 static void ar_cost_topo(const xccl_topo_t *topo, int size, size_t nbytes, xccl_cost_t *intra,
                          xccl_cost_t *inter)
@@ -272,7 +292,7 @@ static const xccl_algo_t *rs_inter_algo(const xccl_topo_t *topo, int H, size_t n
 enum { RS_PHASE = 0, RS_TAIL_DONE };
 enum { RS_F = 0, RS_A, RS_B, RS_C, RS_U, RS_T }; /* phases and their step ranges */
 
-static xccl_status_t rs_progress(xccl_task_t *t)
+static xccl_status_t rs_run(xccl_task_t *t, int *maps)
 {
     const xccl_coll_args_t *a    = xccl_task_args(t);
     uint64_t               *w    = xccl_task_state(t);
@@ -284,17 +304,15 @@ static xccl_status_t rs_progress(xccl_task_t *t)
     int                    *local, *fold, *across, *all, K, nfold = 0, core;
     xccl_status_t           st;
 
-    if (a->count == 0 || xccl_task_size(t) == 1) return XCCL_OK;
     p      = place_of(t);
     K      = a->topo != NULL ? min_node_size(a->topo, p.n) : p.n;
     core   = p.li < K;
     q      = a->count / (size_t)K;
     tail   = a->count - q * (size_t)K;
     cbytes = (q * es + 7) & ~(size_t)7;
-    chunk  = scratch_or_fail(t, cbytes + (size_t)(3 * p.n + p.nnodes) * sizeof(int),
-                             "all_reduce hier_rs");
+    chunk  = scratch_or_fail(t, cbytes, "all_reduce hier_rs");
     if (chunk == NULL) return XCCL_ERR_NO_MEMORY;
-    local  = (int *)(chunk + cbytes);
+    local  = maps;
     fold   = local + p.n;
     across = fold + p.n;
     all    = across + p.nnodes;
@@ -331,7 +349,8 @@ static xccl_status_t rs_progress(xccl_task_t *t)
                 st = xccl_task_sub(t, 0, rs_inter_algo(a->topo, p.nnodes, q * es), &s, across,
                                    p.nnodes, RS_B * span, span);
             /* C's input: this rank's chunk in its place */
-            if (core && st == XCCL_OK) memcpy(buf + (size_t)p.li * q * es, chunk, q * es);
+            if (core && st == XCCL_OK)
+                st = xccl_task_copy(t, buf + (size_t)p.li * q * es, chunk, q * es);
             break;
         case RS_C:
             s = phase_args(a, XCCL_COLL_ALLGATHER, buf + (size_t)p.li * q * es, buf, q, -1);
@@ -351,6 +370,8 @@ static xccl_status_t rs_progress(xccl_task_t *t)
     }
     return tail > 0 && !w[RS_TAIL_DONE] ? XCCL_INPROGRESS : XCCL_OK;
 }
+
+static xccl_status_t rs_progress(xccl_task_t *t) { return with_maps(t, 3, rs_run); }
 
 static void rs_cost_topo(const xccl_topo_t *topo, int size, size_t nbytes, xccl_cost_t *intra,
                          xccl_cost_t *inter)
@@ -389,7 +410,7 @@ const xccl_algo_t xccl_algo_allreduce_hier_rs = {
  * broadcast "hier"
  * ------------------------------------------------------------------------------------------- */
 
-static xccl_status_t bc_progress(xccl_task_t *t)
+static xccl_status_t bc_run(xccl_task_t *t, int *maps)
 {
     const xccl_coll_args_t *a    = xccl_task_args(t);
     uint64_t               *w    = xccl_task_state(t); /* w[0]: next phase */
@@ -397,14 +418,11 @@ static xccl_status_t bc_progress(xccl_task_t *t)
     int                     r    = xccl_task_rank(t);
     place_t                 p;
     xccl_coll_args_t        s;
-    int                    *local, *heads, L, rnode, head_li = 0, head;
+    int                    *local = maps, *heads, L, rnode, head_li = 0, head;
     xccl_status_t           st;
 
-    if (a->count == 0 || xccl_task_size(t) == 1) return XCCL_OK;
     p     = place_of(t);
     rnode = node_of(&p, a->root);
-    local = scratch_or_fail(t, (size_t)(p.n + p.nnodes) * sizeof(int), "broadcast hier");
-    if (local == NULL) return XCCL_ERR_NO_MEMORY;
     heads = local + p.n;
     L     = node_members(&p, p.node, local);
     local_index_ranks(&p, 0, heads);
@@ -429,6 +447,8 @@ static xccl_status_t bc_progress(xccl_task_t *t)
         w[0]++;
     }
 }
+
+static xccl_status_t bc_progress(xccl_task_t *t) { return with_maps(t, 1, bc_run); }
 
 static void bc_cost_topo(const xccl_topo_t *topo, int size, size_t nbytes, xccl_cost_t *intra,
                          xccl_cost_t *inter)

@@ -252,8 +252,7 @@ static xccl_status_t reduce_scatter_progress(xccl_task_t *t)
 
     if (a->count == 0) return XCCL_OK;
     if (xccl_task_size(t) == 1) {
-        if (a->rbuf != a->sbuf) memmove(a->rbuf, a->sbuf, a->count * a->elsize);
-        return XCCL_OK;
+        return xccl_task_copy(t, a->rbuf, a->sbuf, a->count * a->elsize);
     }
     return owner_run(t, a->sbuf, a->rbuf, 0, a->count);
 }

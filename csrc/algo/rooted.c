@@ -327,8 +327,7 @@ static xccl_status_t reduce_binomial_progress(xccl_task_t *t)
 
     if (nbytes == 0) return XCCL_OK;
     if (n == 1) {
-        if (a->rbuf != a->sbuf) memcpy(a->rbuf, a->sbuf, nbytes);
-        return XCCL_OK;
+        return xccl_task_copy(t, a->rbuf, a->sbuf, nbytes);
     }
     if (vr == 0) {
         acc = a->rbuf;
@@ -392,8 +391,7 @@ static xccl_status_t reduce_linear_progress(xccl_task_t *t)
 
     if (a->count == 0 || el == 0) return XCCL_OK;
     if (n == 1) {
-        if (rbuf != sbuf) memcpy(rbuf, sbuf, a->count * el);
-        return XCCL_OK;
+        return xccl_task_copy(t, rbuf, sbuf, a->count * el);
     }
     chunk   = LINEAR_REDUCE_CHUNK_BYTES / el > 0 ? LINEAR_REDUCE_CHUNK_BYTES / el : 1;
     chunk   = xccl_pat_min(chunk, a->count);
@@ -429,7 +427,7 @@ static xccl_status_t reduce_linear_progress(xccl_task_t *t)
          * read, unless the root is rank 0 or 1: keep a copy then. */
         const char *mine = sbuf + off;
         if (rbuf == sbuf && rank > 1) {
-            memcpy(scr + (size_t)rank * slot, mine, len * el);
+            XCCL_CHECK(xccl_task_copy(t, scr + (size_t)rank * slot, mine, len * el));
             mine = scr + (size_t)rank * slot;
         }
         const char *x0 = rank == 0 ? mine : scr; /* rank 0's chunk */
@@ -490,7 +488,7 @@ static xccl_status_t gather_binomial_progress(xccl_task_t *t)
         if (st != XCCL_OK) return st;
         switch ((*phase)++) {
         case 0:
-            if (vr != 0 && ext > 1) memcpy(scr, a->sbuf, blk);
+            if (vr != 0 && ext > 1) XCCL_CHECK(xccl_task_copy(t, scr, a->sbuf, blk));
             for (int m = 1; m < span && vr + m < n; m *= 2) {
                 int   c = vr + m;
                 char *dst;
@@ -510,8 +508,9 @@ static xccl_status_t gather_binomial_progress(xccl_task_t *t)
             } else if (wrap_child) {
                 size_t head = (size_t)(wrap - wrap_child) * blk;
                 size_t all  = (size_t)extent(wrap_child, n) * blk;
-                memcpy(rbuf + (size_t)real(a, wrap_child, n) * blk, scr, head);
-                memcpy(rbuf, scr + head, all - head);
+                XCCL_CHECK(
+                    xccl_task_copy(t, rbuf + (size_t)real(a, wrap_child, n) * blk, scr, head));
+                XCCL_CHECK(xccl_task_copy(t, rbuf, scr + head, all - head));
             }
             break;
         default: return XCCL_OK;
@@ -603,7 +602,7 @@ static xccl_status_t scatter_binomial_progress(xccl_task_t *t)
             XCCL_CHECK(xccl_task_irecv(t, real(a, vr - m, n), ext > 1 ? scr : a->rbuf,
                                        (size_t)ext * blk, edge_step(m)));
         } else if ((p == 0 && vr == 0) || (p == 1 && vr != 0)) {
-            if (vr != 0 && ext > 1) memcpy(a->rbuf, scr, blk);
+            if (vr != 0 && ext > 1) XCCL_CHECK(xccl_task_copy(t, a->rbuf, scr, blk));
             for (int m = span / 2; m > 0; m /= 2) {
                 int         c = vr + m;
                 size_t      len;
@@ -614,8 +613,8 @@ static xccl_status_t scatter_binomial_progress(xccl_task_t *t)
                     src = scr + (size_t)m * blk;
                 } else if (m == wrap_child) {
                     size_t head = (size_t)(wrap - m) * blk;
-                    memcpy(scr, sbuf + (size_t)real(a, c, n) * blk, head);
-                    memcpy(scr + head, sbuf, len - head);
+                    XCCL_CHECK(xccl_task_copy(t, scr, sbuf + (size_t)real(a, c, n) * blk, head));
+                    XCCL_CHECK(xccl_task_copy(t, scr + head, sbuf, len - head));
                     src = scr;
                 } else {
                     src = sbuf + (size_t)real(a, c, n) * blk;

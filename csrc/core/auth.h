@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "xccl/xccl.h"
+#include "xccl/xccl_tp_support.h" /* xccl_random_bytes, xccl_auth_handshake */
 
 #define XCCL_SHA256_LEN 32
 #define XCCL_NONCE_LEN  32
@@ -34,9 +35,6 @@ void xccl_sha256(const void *data, size_t len, uint8_t out[XCCL_SHA256_LEN]);
 
 void xccl_hmac_sha256(const void *key, size_t keylen, const void *msg, size_t msglen,
                       uint8_t out[XCCL_SHA256_LEN]);
-
-/* Fills buf with cryptographically random bytes (getrandom). */
-xccl_status_t xccl_random_bytes(void *buf, size_t len);
 
 /* Constant-time comparison: 1 if equal. */
 int xccl_ct_equal(const void *a, const void *b, size_t len);
@@ -59,12 +57,5 @@ void xccl_auth_proof(const void *key, size_t keylen, uint8_t role,
 #define XCCL_AUTH_HELLO_LEN   (4 + XCCL_NONCE_LEN)
 #define XCCL_AUTH_ROLE_CLIENT 0x43 /* 'C' */
 #define XCCL_AUTH_ROLE_SERVER 0x53 /* 'S' */
-
-/* Runs the whole challenge-response on a connected blocking-mode socket, up to deadline_ms
- * (xccl_now_ms() clock). `is_server` selects the role byte. `context` binds the proof to the
- * purpose ("xccl-store", "xccl-tcp/<job id>"). Returns XCCL_ERR_AUTH if the peer's proof is
- * wrong, XCCL_ERR_TIMEOUT / XCCL_ERR_REMOTE on I/O trouble. */
-xccl_status_t xccl_auth_handshake(int fd, const void *key, size_t keylen, int is_server,
-                                  const char *context, int64_t deadline_ms);
 
 #endif /* XCCL_CORE_AUTH_H */

@@ -4,7 +4,7 @@
  * primitives algorithms are written against, call fingerprints and mismatch handling.
  *
  * A collective goes through: argument checks (nothing moves on error) -> algorithm choice ->
- * prologue (normalise buffers as algo.h describes: copy-in, PREMUL scaling) -> sequence number
+ * prologue (normalise buffers as task.h describes: copy-in, PREMUL scaling) -> sequence number
  * and fingerprint under the context lock -> eager first progress -> ... -> epilogue (AVG
  * division) -> completion.
  */
@@ -116,7 +116,7 @@ static void send_ctrl_flags(xccl_comm_t *comm, int peer, uint64_t seq, uint64_t 
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* Task primitives (algo.h)                                                                    */
+/* Task primitives (task.h)                                                                    */
 /* ------------------------------------------------------------------------------------------ */
 
 const xccl_coll_args_t *xccl_task_args(const xccl_task_t *t) { return &t->args; }
@@ -132,37 +132,19 @@ int xccl_task_size(const xccl_task_t *t)
     return t->parent != NULL ? t->size : t->work->comm->size;
 }
 
-/* Sub-task helpers (xccl_task_sub) are below the primitives. */
-static int sub_pending(const xccl_task_t *t, xccl_status_t *err);
-
-int xccl_task_pending(const xccl_task_t *t)
+/* Creates and posts one request of the task now. */
+static xccl_status_t task_post_now(xccl_task_t *t, req_kind_t kind, int peer, void *buf,
+                                   size_t nbytes, uint32_t step)
 {
-    return t->parent != NULL ? sub_pending(t, NULL) : t->npending;
-}
-
-static xccl_status_t task_post(xccl_task_t *t, req_kind_t kind, int peer, void *buf,
-                               size_t nbytes, uint32_t step)
-{
-    xccl_work_t *w    = t->work;
-    xccl_comm_t *comm = w->comm;
-    xccl_req_t  *r;
+    xccl_work_t  *w    = t->work;
+    xccl_comm_t  *comm = w->comm;
+    xccl_req_t   *r;
     xccl_status_t st;
 
-    if (t->parent != NULL) { /* a sub-task: post as its parent, in the parent's terms */
-        if (peer < 0 || peer >= t->size || peer == t->rank || step >= t->step_span)
-            return XCCL_ERROR(XCCL_ERR_INTERNAL, "%s: sub-task %s posted an invalid %s (member "
-                              "%d of %d, step %u of %u) on rank %d", w->name, t->algo->name,
-                              kind == REQ_SEND ? "send" : "receive", peer, t->size, step,
-                              t->step_span, comm->rank);
-        return task_post(t->parent, kind, t->map[peer], buf, nbytes, t->step_base + step);
-    }
-    if (peer < 0 || peer >= comm->size || peer == comm->rank || step > XCCL_STEP_MAX)
-        return XCCL_ERROR(XCCL_ERR_INTERNAL, "%s: algorithm %s posted an invalid %s (peer %d, "
-                          "step %u) on rank %d", w->name, t->algo->name,
-                          kind == REQ_SEND ? "send" : "receive", peer, step, comm->rank);
     r = req_new(w, kind, comm->world[peer], buf, nbytes, tag_coll(w->seq, step));
     if (r == NULL) return XCCL_ERROR(XCCL_ERR_NO_MEMORY, "%s: out of memory", w->name);
     r->step  = step;
+    r->mem   = t->args.mem;
     r->wnext = t->reqs;
     t->reqs  = r;
     t->npending++;
@@ -176,8 +158,120 @@ static xccl_status_t task_post(xccl_task_t *t, req_kind_t kind, int peer, void *
     return st;
 }
 
-/* The Work's own task, which holds the requests of its sub-tasks, and a sub-task's step range
- * [*lo, *lo + span) in the Work's steps. */
+/* Posts the held requests whose events have all finished, in posting order. A failed post
+ * stays in t->reqs as a finished request with its error, which xccl_task_test reports. */
+static void task_release_held(xccl_task_t *t)
+{
+    while (t->held != NULL && t->held->fence <= t->ev_first) {
+        xccl_held_t *h = t->held;
+        t->held        = h->next;
+        if (t->held == NULL) t->held_tail = NULL;
+        t->nheld--;
+        (void)task_post_now(t, h->kind, h->peer, h->buf, h->nbytes, h->step);
+        free(h);
+    }
+}
+
+/* Reports a failure of the task's executor (its own message, from the thread's last error,
+ * is kept) and makes it sticky on the task. */
+static xccl_status_t task_exec_fail(xccl_task_t *t, xccl_status_t st, const char *what)
+{
+    xccl_work_t *w = t->work;
+    char         why[256];
+
+    snprintf(why, sizeof(why), "%s", xccl_last_error());
+    st = XCCL_ERROR(st, "%s: %s on the %s executor failed on rank %d: %s", w->name, what,
+                    t->exec->name, w->comm->rank, why[0] ? why : xccl_status_string(st));
+    if (t->ev_error == XCCL_OK) t->ev_error = st;
+    return st;
+}
+
+/* Tests the task's executor events, oldest first, up to the first unfinished one, then posts
+ * what they held back. */
+static void task_poll_events(xccl_task_t *t)
+{
+    while (t->nev > 0) {
+        xccl_status_t st = t->exec->test(t->ev[t->ev_head]);
+        if (st == XCCL_INPROGRESS) break;
+        if (st < 0 && t->ev_error == XCCL_OK) (void)task_exec_fail(t, st, "queued work");
+        t->ev_head++;
+        t->nev--;
+        t->ev_first++;
+    }
+    if (t->nev == 0) t->ev_head = 0;
+    if (t->held != NULL) task_release_held(t);
+}
+
+/* Takes the outcome of an executor call: a queued event is recorded (so later posts wait for
+ * it), an error is made sticky on the task. */
+static xccl_status_t task_exec_result(xccl_task_t *t, xccl_status_t st, void *ev,
+                                      const char *what)
+{
+    if (st == XCCL_INPROGRESS) {
+        if (t->ev_head + t->nev == t->ev_cap) {
+            if (t->ev_head > 0) {
+                memmove(t->ev, t->ev + t->ev_head, (size_t)t->nev * sizeof(*t->ev));
+                t->ev_head = 0;
+            } else {
+                int    cap = t->ev_cap ? 2 * t->ev_cap : 8;
+                void **v   = realloc(t->ev, (size_t)cap * sizeof(*v));
+                if (v == NULL) {
+                    /* cannot track it: let it finish here rather than lose the ordering */
+                    while ((st = t->exec->test(ev)) == XCCL_INPROGRESS) xccl_cpu_relax();
+                    goto done;
+                }
+                t->ev     = v;
+                t->ev_cap = cap;
+            }
+        }
+        t->ev[t->ev_head + t->nev++] = ev;
+        t->ev_issued++;
+        return XCCL_OK;
+    }
+done:
+    return st < 0 ? task_exec_fail(t, st, what) : st;
+}
+
+static xccl_status_t task_post(xccl_task_t *t, req_kind_t kind, int peer, void *buf,
+                               size_t nbytes, uint32_t step)
+{
+    xccl_work_t *w    = t->work;
+    xccl_comm_t *comm = w->comm;
+    xccl_held_t *h;
+
+    if (t->parent != NULL) { /* a sub-task: post as its parent, in the parent's terms */
+        if (peer < 0 || peer >= t->size || peer == t->rank || step >= t->step_span)
+            return XCCL_ERROR(XCCL_ERR_INTERNAL, "%s: sub-task %s posted an invalid %s (member "
+                              "%d of %d, step %u of %u) on rank %d", w->name, t->algo->name,
+                              kind == REQ_SEND ? "send" : "receive", peer, t->size, step,
+                              t->step_span, comm->rank);
+        return task_post(t->parent, kind, t->map[peer], buf, nbytes, t->step_base + step);
+    }
+    if (peer < 0 || peer >= comm->size || peer == comm->rank || step > XCCL_STEP_MAX)
+        return XCCL_ERROR(XCCL_ERR_INTERNAL, "%s: algorithm %s posted an invalid %s (peer %d, "
+                          "step %u) on rank %d", w->name, t->algo->name,
+                          kind == REQ_SEND ? "send" : "receive", peer, step, comm->rank);
+    if (t->nev == 0) return task_post_now(t, kind, peer, buf, nbytes, step);
+    /* an executor event issued before it may still write (or read) the buffer: hold it */
+    h = malloc(sizeof(*h));
+    if (h == NULL) return XCCL_ERROR(XCCL_ERR_NO_MEMORY, "%s: out of memory", w->name);
+    *h = (xccl_held_t){kind, peer, buf, nbytes, step, t->ev_issued, NULL};
+    if (t->held_tail) t->held_tail->next = h;
+    else t->held = h;
+    t->held_tail = h;
+    t->nheld++;
+    /* the fingerprint check rides on this message, whenever it leaves */
+    if (kind == REQ_SEND && peer == (comm->rank + 1) % comm->size) t->sent_next = 1;
+    return XCCL_OK;
+}
+
+/* ---- sub-tasks (task.h) -------------------------------------------------------------------
+ * A sub-task is a task of the same Work whose posts go through its parent (peers mapped, steps
+ * offset) down to the Work's own task, which holds every request, every executor event and
+ * every held post: the Work's stream ordering, failure handling, hang diagnosis and traces
+ * see a sub-task's work like any other. */
+
+/* The Work's own task, and a sub-task's step range [*lo, *lo + span) in the Work's steps. */
 static xccl_task_t *sub_root(const xccl_task_t *t, uint32_t *lo)
 {
     *lo = 0;
@@ -185,7 +279,13 @@ static xccl_task_t *sub_root(const xccl_task_t *t, uint32_t *lo)
     return &t->work->task;
 }
 
-/* Requests of sub-task t not finished yet; *err: the first that failed (unchanged if none). */
+static int in_range(uint32_t step, uint32_t lo, uint32_t span)
+{
+    return step >= lo && step - lo < span;
+}
+
+/* Requests of sub-task t not finished yet, held posts included; *err: the first that failed
+ * (unchanged if none). */
 static int sub_pending(const xccl_task_t *t, xccl_status_t *err)
 {
     uint32_t     lo;
@@ -193,24 +293,30 @@ static int sub_pending(const xccl_task_t *t, xccl_status_t *err)
     int          n    = 0;
 
     for (const xccl_req_t *r = root->reqs; r != NULL; r = r->wnext) {
-        if (r->step < lo || r->step - lo >= t->step_span) continue;
+        if (!in_range(r->step, lo, t->step_span)) continue;
         if (r->state != REQ_DONE) n++;
         else if (r->status < 0 && err != NULL && *err == XCCL_OK) *err = r->status;
     }
+    for (const xccl_held_t *h = root->held; h != NULL; h = h->next)
+        n += in_range(h->step, lo, t->step_span);
     return n;
 }
 
-/* xccl_task_test for a sub-task: its requests are the Work's requests in its step range. */
+/* xccl_task_test for a sub-task: its requests are the Work's requests in its step range; its
+ * copies and reductions are in the Work's stream, so it waits for that stream too. */
 static xccl_status_t sub_test(xccl_task_t *t)
 {
     xccl_status_t err = XCCL_OK;
     uint32_t      lo;
     xccl_task_t  *root = sub_root(t, &lo);
 
+    if (root->nev > 0) task_poll_events(root);
+    if (root->ev_error < 0) return root->ev_error;
     if (sub_pending(t, &err) > 0 || err < 0) return err < 0 ? err : XCCL_INPROGRESS;
+    if (root->nev > 0) return XCCL_INPROGRESS;
     for (xccl_req_t **pp = &root->reqs; *pp != NULL;) {
         xccl_req_t *r = *pp;
-        if (r->step < lo || r->step - lo >= t->step_span) {
+        if (!in_range(r->step, lo, t->step_span)) {
             pp = &r->wnext;
             continue;
         }
@@ -232,6 +338,11 @@ xccl_status_t xccl_task_irecv(xccl_task_t *t, int peer, void *buf, size_t nbytes
     return task_post(t, REQ_RECV, peer, buf, nbytes, step);
 }
 
+int xccl_task_pending(const xccl_task_t *t)
+{
+    return t->parent != NULL ? sub_pending(t, NULL) : t->npending + t->nheld;
+}
+
 xccl_status_t xccl_task_test(xccl_task_t *t)
 {
     if (!t->work->active) {
@@ -239,10 +350,12 @@ xccl_status_t xccl_task_test(xccl_task_t *t)
         return st < 0 ? st : XCCL_ERR_ABORTED;
     }
     if (t->parent != NULL) return sub_test(t);
+    if (t->nev > 0) task_poll_events(t);
+    if (t->ev_error < 0) return t->ev_error;
     for (xccl_req_t *r = t->reqs; r != NULL; r = r->wnext) {
         if (r->state == REQ_DONE && r->status < 0) return r->status;
     }
-    if (t->npending > 0) return XCCL_INPROGRESS;
+    if (t->npending > 0 || t->nev > 0 || t->nheld > 0) return XCCL_INPROGRESS;
     while (t->reqs != NULL) {
         xccl_req_t *r = t->reqs;
         t->reqs       = r->wnext;
@@ -256,61 +369,118 @@ xccl_status_t xccl_task_reduce(xccl_task_t *t, void *dst, const void *a, const v
                                size_t count)
 {
     uint64_t      t0 = t->work->comm->trace_cap ? xccl_now_ns() : 0;
-    xccl_status_t st = xccl_reduce2(dst, a, b, count, t->args.dtype, t->args.op);
+    xccl_status_t st;
+    void         *ev = NULL;
 
+    if (t->exec == &xccl_exec_cpu) {
+        st = xccl_reduce2(dst, a, b, count, t->args.dtype, t->args.op);
+    } else {
+        st = t->exec->reduce(dst, a, b, count, t->args.dtype, t->args.op, &ev);
+        /* a sub-task's local work is in the Work's stream */
+        if (st != XCCL_OK) st = task_exec_result(&t->work->task, st, ev, "a reduction");
+    }
     if (t0) xccl_trace_reduce(t, dst, count * t->args.elsize, t0);
     return st;
+}
+
+xccl_status_t xccl_task_copy(xccl_task_t *t, void *dst, const void *src, size_t nbytes)
+{
+    xccl_task_t  *root = &t->work->task; /* a sub-task's local work is in the Work's stream */
+    void         *ev   = NULL;
+    xccl_status_t st;
+
+    if (nbytes == 0 || dst == src) return XCCL_OK;
+    if (t->exec == &xccl_exec_cpu) {
+        memmove(dst, src, nbytes);
+        return XCCL_OK;
+    }
+    st = t->exec->copy(dst, src, nbytes, &ev);
+    return st == XCCL_OK ? XCCL_OK : task_exec_result(root, st, ev, "a copy");
 }
 
 static void sub_free_all(xccl_task_t *t);
 
 /* Scratch is lent by the communicator: the largest buffer a finished operation used is kept
- * (up to XCCL_SCRATCH_KEEP bytes) for the next one, so a large collective does not map, fault
- * in and unmap tens of MiB on every call (12k page faults per 64 MiB all_reduce otherwise).
- * Lock held. */
+ * (up to XCCL_SCRATCH_KEEP bytes, one per memory type) for the next one, so a large
+ * collective does not map, fault in and unmap tens of MiB on every call (12k page faults per
+ * 64 MiB all_reduce otherwise). Lock held, or the Work not yet posted. */
 #define XCCL_SCRATCH_KEEP ((size_t)256 << 20)
 
 void *xccl_task_scratch(xccl_task_t *t, size_t nbytes)
 {
-    xccl_comm_t *comm = t->work->comm;
+    xccl_comm_t    *comm = t->work->comm;
+    xccl_mem_type_t mem  = t->args.mem;
+    void           *p;
 
     if (nbytes <= t->scratch_len && t->scratch != NULL) return t->scratch;
-    if (t->scratch == NULL && comm->spare != NULL && comm->spare_len >= nbytes) {
-        t->scratch      = comm->spare;
-        t->scratch_len  = comm->spare_len;
-        comm->spare     = NULL;
-        comm->spare_len = 0;
+    if (t->scratch == NULL && comm->spare[mem] != NULL && comm->spare_len[mem] >= nbytes) {
+        t->scratch           = comm->spare[mem];
+        t->scratch_len       = comm->spare_len[mem];
+        comm->spare[mem]     = NULL;
+        comm->spare_len[mem] = 0;
         return t->scratch;
     }
-    {
-        void *p = realloc(t->scratch, nbytes ? nbytes : 1);
+    if (t->exec == &xccl_exec_cpu) {
+        p = realloc(t->scratch, nbytes ? nbytes : 1);
         if (p == NULL) return NULL;
-        t->scratch     = p;
-        t->scratch_len = nbytes;
+    } else {
+        /* executor memory cannot be resized: the old buffer is dropped with its contents
+         * (task.h), after the events that may still use it */
+        while (t->scratch != NULL && t->work->task.nev > 0) task_poll_events(&t->work->task);
+        p = t->exec->alloc(nbytes);
+        if (p == NULL) return NULL;
+        if (t->scratch != NULL) t->exec->free(t->scratch);
     }
+    t->scratch     = p;
+    t->scratch_len = nbytes;
     return t->scratch;
+}
+
+/* Waits for the task's executor events (a failed operation, whose buffers are about to be
+ * freed or handed back: the executor may still be writing into them) and drops held posts. */
+static void task_drain(xccl_task_t *t)
+{
+    while (t->nev > 0) {
+        xccl_status_t st = t->exec->test(t->ev[t->ev_head]);
+        if (st == XCCL_INPROGRESS) {
+            xccl_cpu_relax();
+            continue;
+        }
+        t->ev_head++;
+        t->nev--;
+        t->ev_first++;
+    }
+    t->ev_head = 0;
+    while (t->held != NULL) {
+        xccl_held_t *h = t->held;
+        t->held        = h->next;
+        free(h);
+    }
+    t->held_tail = NULL;
+    t->nheld     = 0;
 }
 
 void xccl_task_scratch_return(xccl_task_t *t, int reuse)
 {
-    xccl_comm_t *comm = t->work->comm;
+    xccl_comm_t    *comm = t->work->comm;
+    xccl_mem_type_t mem  = t->args.mem;
 
-    sub_free_all(t);
+    if (t->nev > 0 || t->held != NULL) task_drain(t);
+    sub_free_all(t); /* after the drain: queued work may use their scratch */
     if (t->scratch == NULL) return;
-    if (reuse && t->scratch_len <= XCCL_SCRATCH_KEEP && t->scratch_len > comm->spare_len) {
-        free(comm->spare);
-        comm->spare     = t->scratch;
-        comm->spare_len = t->scratch_len;
+    if (reuse && t->scratch_len <= XCCL_SCRATCH_KEEP && t->scratch_len > comm->spare_len[mem]) {
+        if (comm->spare[mem] != NULL) t->exec->free(comm->spare[mem]);
+        comm->spare[mem]     = t->scratch;
+        comm->spare_len[mem] = t->scratch_len;
     } else {
-        free(t->scratch);
+        t->exec->free(t->scratch);
     }
     t->scratch     = NULL;
     t->scratch_len = 0;
 }
 
-/* Sub-tasks (task.h). A sub-task is a task of the same Work whose posts go through its parent
- * (peers mapped, steps offset) down to the Work's own task, which holds every request: the
- * Work's failure handling, hang diagnosis and traces see them like any other. Lock held. */
+/* Frees a sub-task, its own sub-tasks and its scratch (the Work's stream holds no work that
+ * uses them any more). Lock held. */
 static void sub_free(xccl_task_t *s, int reuse)
 {
     xccl_task_scratch_return(s, reuse); /* frees its own sub-tasks first */
@@ -364,6 +534,8 @@ static xccl_status_t sub_create(xccl_task_t *t, const xccl_algo_t *algo,
     memcpy(s->map, map, (size_t)nsub * sizeof(int));
     s->algo      = algo;
     s->args      = *args;
+    s->args.mem  = t->args.mem; /* its buffers are its parent's kind of memory */
+    s->exec      = t->exec;
     s->work      = t->work;
     s->parent    = t;
     s->rank      = rank;
@@ -378,6 +550,7 @@ xccl_status_t xccl_task_sub(xccl_task_t *t, int slot, const xccl_algo_t *algo,
                             const xccl_coll_args_t *args, const int *map, int nsub,
                             uint32_t step_base, uint32_t step_span)
 {
+    xccl_task_t  *root = &t->work->task, *s;
     xccl_status_t st;
 
     if (slot < 0 || slot >= XCCL_TASK_SUBS)
@@ -385,12 +558,42 @@ xccl_status_t xccl_task_sub(xccl_task_t *t, int slot, const xccl_algo_t *algo,
                           t->algo->name, slot);
     if (t->sub[slot] == NULL)
         XCCL_CHECK(sub_create(t, algo, args, map, nsub, step_base, step_span, &t->sub[slot]));
-    st = t->sub[slot]->algo->progress(t->sub[slot]);
-    if (st == XCCL_OK) {
-        sub_free(t->sub[slot], 1);
-        t->sub[slot] = NULL;
+    s  = t->sub[slot];
+    st = s->algo_done ? XCCL_OK : s->algo->progress(s);
+    if (st != XCCL_OK) return st;
+    /* done; its scratch is freed once the stream's queued work no longer uses it */
+    s->algo_done = 1;
+    if (root->nev > 0) task_poll_events(root);
+    if (root->ev_error < 0) return root->ev_error;
+    if (root->nev > 0) return XCCL_INPROGRESS;
+    sub_free(s, 1);
+    t->sub[slot] = NULL;
+    return XCCL_OK;
+}
+
+void xccl_coll_free(xccl_work_t *w)
+{
+    xccl_task_t           *t    = &w->task;
+    const xccl_exec_ops_t *exec = t->exec ? t->exec : &xccl_exec_cpu;
+
+    if (t->nev > 0 || t->held != NULL) task_drain(t);
+    sub_free_all(t);
+    if (t->scratch != NULL) exec->free(t->scratch);
+    if (w->tmp != NULL) exec->free(w->tmp);
+    free(t->ev);
+    t->scratch = w->tmp = NULL;
+    t->ev               = NULL;
+}
+
+void xccl_comm_free_spare(xccl_comm_t *comm)
+{
+    for (int m = 0; m < XCCL_MEM_TYPES; m++) {
+        const xccl_exec_ops_t *exec = xccl_exec_for((xccl_mem_type_t)m);
+        /* an executor that went away leaks its buffer rather than free it wrongly */
+        if (comm->spare[m] != NULL && exec != NULL) exec->free(comm->spare[m]);
+        comm->spare[m]     = NULL;
+        comm->spare_len[m] = 0;
     }
-    return st;
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -538,51 +741,91 @@ xccl_status_t xccl_irecv(xccl_comm_t *comm, void *buf, size_t nbytes, int peer, 
 }
 
 
-xccl_status_t xccl_coll_epilogue(xccl_work_t *w)
+/* AVG: divides the result by the group size, on the task's executor. */
+static xccl_status_t coll_epilogue(xccl_work_t *w)
 {
-    const xccl_coll_args_t *a = &w->task.args;
-    void                   *out;
-    size_t                  n;
+    xccl_task_t            *t = &w->task;
+    const xccl_coll_args_t *a = &t->args;
+    xccl_status_t           st;
+    void                   *ev = NULL;
 
     if (w->user_op != XCCL_OP_AVG) return XCCL_OK;
     switch (a->coll) {
-    case XCCL_COLL_ALLREDUCE: out = a->rbuf, n = a->count; break;
-    case XCCL_COLL_REDUCE_SCATTER: out = a->rbuf, n = a->count; break;
+    case XCCL_COLL_ALLREDUCE: break;
+    case XCCL_COLL_REDUCE_SCATTER: break;
     case XCCL_COLL_REDUCE:
         if (w->comm->rank != a->root) return XCCL_OK;
-        out = a->rbuf, n = a->count;
         break;
     default: return XCCL_OK;
     }
-    return xccl_divide(out, out, n, a->dtype, w->comm->size);
+    if (a->count == 0) return XCCL_OK;
+    if (t->exec == &xccl_exec_cpu)
+        return xccl_divide(a->rbuf, a->rbuf, a->count, a->dtype, w->comm->size);
+    st = t->exec->divide(a->rbuf, a->rbuf, a->count, a->dtype, w->comm->size, &ev);
+    return st == XCCL_OK ? XCCL_OK : task_exec_result(t, st, ev, "the average's division");
 }
 
-/* Copies (and for PREMUL_SUM scales) `n` elements into a fresh buffer owned by the Work. */
+xccl_status_t xccl_coll_progress(xccl_work_t *w)
+{
+    xccl_task_t  *t = &w->task;
+    xccl_status_t st;
+
+    if (!t->algo_done) {
+        st = t->algo->progress(t);
+        if (st != XCCL_OK || !w->active) return st;
+        t->algo_done = 1;
+        XCCL_CHECK(coll_epilogue(w));
+    }
+    if (t->nev > 0) task_poll_events(t);
+    if (t->ev_error < 0) return t->ev_error;
+    return t->nev > 0 ? XCCL_INPROGRESS : XCCL_OK;
+}
+
+/* PREMUL_SUM: dst = src * factor on the task's executor. */
+static xccl_status_t task_scale(xccl_task_t *t, void *dst, const void *src, size_t count,
+                                double factor)
+{
+    void         *ev = NULL;
+    xccl_status_t st;
+
+    if (count == 0) return XCCL_OK;
+    if (t->exec == &xccl_exec_cpu) return xccl_scale(dst, src, count, t->args.dtype, factor);
+    st = t->exec->scale(dst, src, count, t->args.dtype, factor, &ev);
+    return st == XCCL_OK ? XCCL_OK : task_exec_result(t, st, ev, "the premul_sum scaling");
+}
+
+/* Copies (and for PREMUL_SUM scales) `n` elements into a fresh buffer of the operation's
+ * memory type owned by the Work. */
 static xccl_status_t work_tmp_copy(xccl_work_t *w, const void *src, size_t n, size_t el,
                                    int scale, const void **out)
 {
-    size_t nbytes = n * el;
+    xccl_task_t *t      = &w->task;
+    size_t       nbytes = n * el;
 
-    w->tmp = malloc(nbytes > 0 ? nbytes : 1);
+    w->tmp = t->exec->alloc(nbytes > 0 ? nbytes : 1);
     if (w->tmp == NULL)
-        return XCCL_ERROR(XCCL_ERR_NO_MEMORY, "%s: no memory for a %zu-byte copy", w->name, nbytes);
-    if (scale) XCCL_CHECK(xccl_scale(w->tmp, src, n, w->task.args.dtype, w->premul));
-    else if (nbytes > 0) memcpy(w->tmp, src, nbytes);
+        return XCCL_ERROR(XCCL_ERR_NO_MEMORY, "%s: no memory for a %zu-byte %s copy", w->name,
+                          nbytes, t->exec->name);
+    if (scale) XCCL_CHECK(task_scale(t, w->tmp, src, n, w->premul));
+    else XCCL_CHECK(xccl_task_copy(t, w->tmp, src, nbytes));
     *out = w->tmp;
     return XCCL_OK;
 }
 
+/* Normalises the buffers as task.h describes. Local copies run on the task's executor and may
+ * finish later: the algorithm's first sends and receives wait for them (task.h). */
 static xccl_status_t coll_prologue(xccl_work_t *w)
 {
-    xccl_coll_args_t *a     = &w->task.args;
+    xccl_task_t      *t     = &w->task;
+    xccl_coll_args_t *a     = &t->args;
     int               rank  = w->comm->rank, size = w->comm->size;
     size_t            el    = a->elsize, blk = a->count * el;
     int               scale = w->user_op == XCCL_OP_PREMUL_SUM;
 
     switch (a->coll) {
     case XCCL_COLL_ALLREDUCE:
-        if (scale) XCCL_CHECK(xccl_scale(a->rbuf, a->sbuf, a->count, a->dtype, w->premul));
-        else if (a->sbuf != a->rbuf && blk) memcpy(a->rbuf, a->sbuf, blk);
+        if (scale) XCCL_CHECK(task_scale(t, a->rbuf, a->sbuf, a->count, w->premul));
+        else if (a->sbuf != a->rbuf && blk) XCCL_CHECK(xccl_task_copy(t, a->rbuf, a->sbuf, blk));
         a->sbuf = a->rbuf;
         break;
     case XCCL_COLL_REDUCE:
@@ -593,23 +836,22 @@ static xccl_status_t coll_prologue(xccl_work_t *w)
             XCCL_CHECK(work_tmp_copy(w, a->sbuf, a->count * (size_t)size, el, scale, &a->sbuf));
         break;
     case XCCL_COLL_ALLGATHER:
-        if ((const char *)a->sbuf != (char *)a->rbuf + (size_t)rank * blk && blk)
-            memmove((char *)a->rbuf + (size_t)rank * blk, a->sbuf, blk);
+        XCCL_CHECK(xccl_task_copy(t, (char *)a->rbuf + (size_t)rank * blk, a->sbuf, blk));
         break;
     case XCCL_COLL_GATHER:
-        if (rank == a->root && (const char *)a->sbuf != (char *)a->rbuf + (size_t)rank * blk && blk)
-            memmove((char *)a->rbuf + (size_t)rank * blk, a->sbuf, blk);
+        if (rank == a->root)
+            XCCL_CHECK(xccl_task_copy(t, (char *)a->rbuf + (size_t)rank * blk, a->sbuf, blk));
         break;
     case XCCL_COLL_SCATTER:
-        if (rank == a->root && (const char *)a->sbuf + (size_t)rank * blk != a->rbuf && blk)
-            memmove(a->rbuf, (const char *)a->sbuf + (size_t)rank * blk, blk);
+        if (rank == a->root)
+            XCCL_CHECK(
+                xccl_task_copy(t, a->rbuf, (const char *)a->sbuf + (size_t)rank * blk, blk));
         break;
     case XCCL_COLL_ALLTOALL:
         if (a->sbuf == a->rbuf)
             XCCL_CHECK(work_tmp_copy(w, a->sbuf, a->count * (size_t)size, el, 0, &a->sbuf));
-        if (blk)
-            memcpy((char *)a->rbuf + (size_t)rank * blk,
-                   (const char *)a->sbuf + (size_t)rank * blk, blk);
+        XCCL_CHECK(xccl_task_copy(t, (char *)a->rbuf + (size_t)rank * blk,
+                                  (const char *)a->sbuf + (size_t)rank * blk, blk));
         break;
     case XCCL_COLL_ALLTOALLV: {
         size_t stotal = 0;
@@ -629,14 +871,23 @@ static xccl_status_t coll_prologue(xccl_work_t *w)
             if (end > stotal) stotal = end;
         }
         if (a->sbuf == a->rbuf) XCCL_CHECK(work_tmp_copy(w, a->sbuf, stotal, el, 0, &a->sbuf));
-        if (a->scounts[rank])
-            memcpy((char *)a->rbuf + a->rdispls[rank] * el,
-                   (const char *)a->sbuf + a->sdispls[rank] * el, a->scounts[rank] * el);
+        XCCL_CHECK(xccl_task_copy(t, (char *)a->rbuf + a->rdispls[rank] * el,
+                                  (const char *)a->sbuf + a->sdispls[rank] * el,
+                                  a->scounts[rank] * el));
         break;
     }
     default: break;
     }
     return XCCL_OK;
+}
+
+static const char *mem_type_name(xccl_mem_type_t mem)
+{
+    switch (mem) {
+    case XCCL_MEM_HOST: return "host";
+    case XCCL_MEM_CUDA: return "cuda";
+    default: return "unknown";
+    }
 }
 
 static xccl_status_t coll_post(xccl_comm_t *comm, xccl_coll_args_t *a, xccl_op_t user_op,
@@ -645,6 +896,7 @@ static xccl_status_t coll_post(xccl_comm_t *comm, xccl_coll_args_t *a, xccl_op_t
 {
     const char        *name = xccl_coll_name(a->coll);
     const xccl_algo_t *algo;
+    const xccl_exec_ops_t *exec;
     xccl_work_t       *w;
     xccl_ctx_t        *ctx;
     xccl_status_t      st;
@@ -653,6 +905,13 @@ static xccl_status_t coll_post(xccl_comm_t *comm, xccl_coll_args_t *a, xccl_op_t
 
     XCCL_CHECK(comm_usable(comm, name));
     if (out == NULL) return XCCL_ERROR(XCCL_ERR_INVALID_ARG, "%s: out is NULL", name);
+    a->mem = opts ? opts->mem : XCCL_MEM_HOST;
+    exec   = xccl_exec_for(a->mem);
+    if (exec == NULL)
+        return XCCL_ERROR(XCCL_ERR_NOT_SUPPORTED,
+                          "%s: buffers of memory type %d (%s) have no executor in this process "
+                          "(rank %d of comm '%s'): nothing was sent",
+                          name, (int)a->mem, mem_type_name(a->mem), comm->rank, comm->name);
     if (comm->async_error < 0)
         return XCCL_ERROR(comm->async_error, "%s: comm '%s' has failed earlier (%s)", name,
                           comm->name, xccl_status_string(comm->async_error));
@@ -667,6 +926,7 @@ static xccl_status_t coll_post(xccl_comm_t *comm, xccl_coll_args_t *a, xccl_op_t
     if (w == NULL) return XCCL_ERROR(XCCL_ERR_NO_MEMORY, "%s: out of memory", name);
     w->task.algo = algo;
     w->task.args = *a;
+    w->task.exec = exec;
     w->user_op   = user_op;
     w->premul    = opts ? opts->premul_factor : 1.0;
     w->fp        = xccl_fp_make(a->coll, a->dtype, user_op, a->root, a->count);

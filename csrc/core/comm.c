@@ -163,9 +163,7 @@ static void comm_shutdown(xccl_comm_t *comm, const char *what)
     comm->destroyed   = 1;
     comm->async_error = XCCL_ERR_ABORTED;
     xccl_comm_fail_all(comm, XCCL_ERR_ABORTED, why);
-    free(comm->spare); /* failed operations freed their own scratch */
-    comm->spare     = NULL;
-    comm->spare_len = 0;
+    xccl_comm_free_spare(comm); /* failed operations freed their own scratch */
     /* unexpected messages of this comm will never be received */
     for (xccl_umsg_t *u = ctx->unexp_head; u != NULL; u = u->next) {
         if (u->hdr.comm_id == comm->id && u->waiter == NULL) u->hdr.tag = ~0ull;

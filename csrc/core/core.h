@@ -23,6 +23,7 @@
 #include <stdint.h>
 
 #include "core/check.h"
+#include "core/exec.h"
 #include "core/rcache.h"
 #include "core/task.h"
 #include "xccl/xccl.h"
@@ -134,12 +135,25 @@ struct xccl_comm {
     uint64_t     nflight;
     xccl_topo_t  topo;  /* nodes of the members and the α-β of links (topo.c)           */
     xccl_algo_memo_t memo; /* algorithms chosen for earlier call shapes (the policy)    */
-    void        *spare; /* scratch kept from a finished operation (coll.c)             */
-    size_t       spare_len;
+    /* scratch kept from a finished operation, per memory type (coll.c) */
+    void        *spare[XCCL_MEM_TYPES];
+    size_t       spare_len[XCCL_MEM_TYPES];
     xccl_comm_t *next; /* ctx->comms */
 };
 
 typedef enum { WORK_P2P, WORK_COLL } work_kind_t;
+
+/* A send or receive an algorithm posted while executor events issued before it were
+ * unfinished (task.h, "Local work"): posted once every event numbered below `fence` is done. */
+typedef struct xccl_held {
+    req_kind_t        kind;
+    int               peer; /* comm rank */
+    void             *buf;
+    size_t            nbytes;
+    uint32_t          step;
+    uint64_t          fence;
+    struct xccl_held *next;
+} xccl_held_t;
 
 struct xccl_task {
     const xccl_algo_t *algo;
@@ -150,6 +164,17 @@ struct xccl_task {
     void              *scratch;
     size_t             scratch_len;
     int                sent_next; /* a message of this operation went to rank + 1        */
+    int                algo_done; /* progress returned XCCL_OK; the epilogue was issued   */
+    const xccl_exec_ops_t *exec;  /* executor of args.mem (set before the prologue)      */
+    /* unfinished executor events, oldest first: ev[ev_head .. ev_head + nev), numbered
+     * ev_first, ev_first + 1, ... in issue order */
+    void              **ev;
+    int                 ev_head, nev, ev_cap;
+    uint64_t            ev_first; /* number of the oldest unfinished event               */
+    uint64_t            ev_issued; /* events issued so far                               */
+    xccl_status_t       ev_error;  /* first executor failure (sticky)                     */
+    xccl_held_t        *held, *held_tail; /* posts waiting for events, posting order      */
+    int                 nheld;
     xccl_work_t       *work;
     /* sub-tasks (coll.c, xccl_task_sub): a sub-task posts through its parent, its peers mapped
      * by `map` and its steps offset by step_base; its requests live on the Work's own task. */
@@ -280,8 +305,17 @@ void          xccl_work_progress_locked(xccl_work_t *w);
 void          xccl_work_expire(xccl_work_t *w);
 
 /* coll.c: gives the task's scratch back to its communicator for reuse (reuse = 1; the
- * operation succeeded, nothing can still write into it) or frees it. Lock held. */
+ * operation succeeded, nothing can still write into it) or frees it. A failed operation's
+ * executor events are waited for first (they may still write into its buffers). Lock held. */
 void          xccl_task_scratch_return(xccl_task_t *t, int reuse);
+/* coll.c: frees what a collective's Work owns for its memory type (scratch, the prologue
+ * copy, events and held posts); called when the Work is freed. */
+void          xccl_coll_free(xccl_work_t *w);
+/* coll.c: one progress step of a collective: the algorithm, then the epilogue, then its
+ * executor events. XCCL_OK when complete, XCCL_INPROGRESS, or an error. Lock held. */
+xccl_status_t xccl_coll_progress(xccl_work_t *w);
+/* coll.c: frees the scratch buffers a communicator keeps (comm teardown). */
+void          xccl_comm_free_spare(xccl_comm_t *comm);
 /* coll.c: a mismatch notice (control message) is complete; 1 if it was consumed. */
 int           xccl_coll_ctrl_arrived(xccl_ctx_t *ctx, xccl_umsg_t *u);
 /* coll.c: tells the other members that this rank's part of collective w failed. */

@@ -16,6 +16,7 @@
  */
 #include "core/core.h"
 
+#include <poll.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -162,7 +163,7 @@ static void ctx_free(xccl_ctx_t *ctx)
         free(c->trace);
         free(c->world);
         free((void *)c->topo.node_of);
-        free(c->spare);
+        xccl_comm_free_spare(c);
         free(c);
     }
     free(ctx->peer_dead);
@@ -871,6 +872,8 @@ int xccl_ctx_progress_locked(xccl_ctx_t *ctx)
         if (w->active) xccl_work_progress_locked(w);
         if (w->active && w->deadline_ms > 0 && now > w->deadline_ms) xccl_work_expire(w);
         if (!w->active) events++;
+        /* executor events cannot wake a transport's wait: keep the caller polling them */
+        else if (w->kind == WORK_COLL && w->task.nev > 0) events++;
         xccl_work_release(w);
     }
     return events;
@@ -878,18 +881,41 @@ int xccl_ctx_progress_locked(xccl_ctx_t *ctx)
 
 void xccl_ctx_sleep(xccl_ctx_t *ctx, int timeout_ms)
 {
-    /* Only one transport can block us; with several, alternate short sleeps. */
+    struct pollfd pfd[XCCL_MAX_TRANSPORTS];
+    unsigned      armed = 0; /* bit i: tp[i] was armed and must be disarmed */
+    int           nfd = 0, cap = 0, i;
+
+    /* one transport: its own wait (a direct epoll_wait / futex wait) */
     if (ctx->ntp == 1 && ctx->tp[0].ops->wait != NULL) {
         ctx->tp[0].ops->wait(ctx->tp[0].ctx, timeout_ms);
         return;
     }
-    for (int i = 0; i < ctx->ntp; i++) {
-        if (ctx->tp[i].ops->wait != NULL) {
-            ctx->tp[i].ops->wait(ctx->tp[i].ctx, timeout_ms < 1 ? timeout_ms : 1);
-            return;
+    if (timeout_ms <= 0) return;
+    /* several: arm every one, then one poll over their descriptors (xccl_transport.h,
+     * Sleeping); a transport with something to do now cancels the sleep */
+    for (i = 0; i < ctx->ntp; i++) {
+        const xccl_transport_ops_t *ops = ctx->tp[i].ops;
+        int                         fd  = -1;
+        if (ops->wait_arm == NULL) {
+            cap = 1;
+            continue;
+        }
+        if (!ops->wait_arm(ctx->tp[i].ctx, &fd)) break;
+        armed |= 1u << i;
+        if (fd >= 0) {
+            pfd[nfd].fd      = fd;
+            pfd[nfd].events  = POLLIN;
+            pfd[nfd].revents = 0;
+            nfd++;
+        } else {
+            cap = 1;
         }
     }
-    usleep(timeout_ms > 0 ? 1000 : 0);
+    if (i == ctx->ntp) (void)poll(pfd, (nfds_t)nfd, cap && timeout_ms > 1 ? 1 : timeout_ms);
+    for (i = 0; i < ctx->ntp; i++) {
+        if ((armed & (1u << i)) && ctx->tp[i].ops->wait_disarm != NULL)
+            ctx->tp[i].ops->wait_disarm(ctx->tp[i].ctx);
+    }
 }
 
 void xccl_ctx_run_callbacks(xccl_ctx_t *ctx)

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0
  *
- * exec.c - the executor table (exec.h) and the CPU executor: memcpy and the reduction kernels
+ * exec.c - the executor table (exec.h) and the CPU executor: memmove and the reduction kernels
  * of reduce.c, synchronous, with malloc'd scratch.
  */
 #include "core/exec.h"
@@ -24,19 +24,48 @@ static xccl_status_t cpu_reduce(void *dst, const void *a, const void *b, size_t 
     return xccl_reduce2(dst, a, b, count, dtype, op);
 }
 
+static xccl_status_t cpu_scale(void *dst, const void *src, size_t count, xccl_dtype_t dtype,
+                               double factor, void **ev)
+{
+    *ev = NULL;
+    return xccl_scale(dst, src, count, dtype, factor);
+}
+
+static xccl_status_t cpu_divide(void *dst, const void *src, size_t count, xccl_dtype_t dtype,
+                                int n, void **ev)
+{
+    *ev = NULL;
+    return xccl_divide(dst, src, count, dtype, n);
+}
+
 static void *cpu_alloc(size_t nbytes) { return malloc(nbytes ? nbytes : 1); }
 
-static const xccl_exec_ops_t cpu_exec = {
+const xccl_exec_ops_t xccl_exec_cpu = {
     .name   = "cpu",
     .mem    = XCCL_MEM_HOST,
     .copy   = cpu_copy,
     .reduce = cpu_reduce,
+    .scale  = cpu_scale,
+    .divide = cpu_divide,
     .test   = NULL,
     .alloc  = cpu_alloc,
     .free   = free,
 };
 
+/* Filled once at start-up (and by tests); read without a lock. */
+static const xccl_exec_ops_t *exec_table[XCCL_MEM_TYPES] = {[XCCL_MEM_HOST] = &xccl_exec_cpu};
+
 const xccl_exec_ops_t *xccl_exec_for(xccl_mem_type_t mem)
 {
-    return mem == XCCL_MEM_HOST ? &cpu_exec : NULL;
+    return (unsigned)mem < XCCL_MEM_TYPES ? exec_table[mem] : NULL;
+}
+
+const xccl_exec_ops_t *xccl_exec_set_for_test(xccl_mem_type_t mem, const xccl_exec_ops_t *ops)
+{
+    const xccl_exec_ops_t *old;
+
+    if ((unsigned)mem >= XCCL_MEM_TYPES) return NULL;
+    old             = exec_table[mem];
+    exec_table[mem] = ops;
+    return old;
 }

@@ -5,12 +5,20 @@
  * the local copies and reductions and owns scratch memory of its memory type. The CPU executor
  * serves XCCL_MEM_HOST; a device executor (CUDA) registers for XCCL_MEM_CUDA.
  *
- * Completion: copy and reduce either finish before they return (XCCL_OK, *ev left NULL) or are
- * queued (XCCL_INPROGRESS, *ev set) and finish later; `test` then reports XCCL_OK once (and
- * releases the event), XCCL_INPROGRESS while running, or an error. The core never blocks on an
- * event: it tests it in its progress pass, as it tests transport requests.
+ * Completion: copy, reduce, scale and divide either finish before they return (XCCL_OK, *ev
+ * left NULL) or are queued (XCCL_INPROGRESS, *ev set) and finish later; `test` then reports
+ * XCCL_OK once (and releases the event), XCCL_INPROGRESS while running, or an error (event
+ * released). The core never blocks on an event while an operation succeeds: it tests events in
+ * its progress pass, as it tests transport requests (a failed operation waits for its events
+ * before it frees their buffers).
  *
- * Threading: called under the context lock (one thread at a time per context).
+ * Ordering: the operations one executor queues run in the order they were issued, like work
+ * on one stream, so a reduction may be issued on the result of one still queued. What an
+ * executor cannot order - the transports reading or writing its memory - the core orders
+ * (algo.h: sends and receives wait for the events issued before them).
+ *
+ * Threading: called under the context lock (one thread at a time per context), or before the
+ * operation is visible to other threads (the prologue of a collective).
  */
 #ifndef XCCL_CORE_EXEC_H
 #define XCCL_CORE_EXEC_H
@@ -22,11 +30,18 @@
 typedef struct xccl_exec_ops {
     const char     *name; /* "cpu", "cuda" */
     xccl_mem_type_t mem;
-    /* dst = src over nbytes; either buffer may also be host memory (staging in and out). */
+    /* dst = src over nbytes; either buffer may also be host memory (staging in and out). The
+     * ranges may overlap (memmove semantics). */
     xccl_status_t (*copy)(void *dst, const void *src, size_t nbytes, void **ev);
-    /* dst = a op b over count elements (dst may alias a or b). */
+    /* dst = a op b over count elements (dst may alias a or b), op a base operator. */
     xccl_status_t (*reduce)(void *dst, const void *a, const void *b, size_t count,
                             xccl_dtype_t dtype, xccl_op_t op, void **ev);
+    /* dst = src * factor (PREMUL_SUM), semantics of xccl_scale (reduce.h). */
+    xccl_status_t (*scale)(void *dst, const void *src, size_t count, xccl_dtype_t dtype,
+                           double factor, void **ev);
+    /* dst = src / n (AVG), semantics of xccl_divide (reduce.h). */
+    xccl_status_t (*divide)(void *dst, const void *src, size_t count, xccl_dtype_t dtype, int n,
+                            void **ev);
     /* XCCL_OK (event released), XCCL_INPROGRESS, or an error (event released). NULL when
      * every operation of this executor finishes before it returns. */
     xccl_status_t (*test)(void *ev);
@@ -35,8 +50,16 @@ typedef struct xccl_exec_ops {
     void (*free)(void *p);
 } xccl_exec_ops_t;
 
+/* The CPU executor (XCCL_MEM_HOST): synchronous. Callers may compare against it to take a
+ * direct path (memcpy, the reduction kernels) without a call through the table. */
+extern const xccl_exec_ops_t xccl_exec_cpu;
+
 /* The executor for buffers of memory type `mem`, or NULL when this process has none (e.g.
- * XCCL_MEM_CUDA without a CUDA runtime). */
+ * XCCL_MEM_CUDA without a CUDA runtime) or mem is not a memory type. */
 const xccl_exec_ops_t *xccl_exec_for(xccl_mem_type_t mem);
+
+/* Tests only: installs `ops` (NULL: none) as the executor of `mem` and returns the previous
+ * one. Not thread-safe: call while no operation runs. */
+const xccl_exec_ops_t *xccl_exec_set_for_test(xccl_mem_type_t mem, const xccl_exec_ops_t *ops);
 
 #endif /* XCCL_CORE_EXEC_H */

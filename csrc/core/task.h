@@ -30,6 +30,23 @@
  * `op` is always a base operator (SUM..BXOR): the core turns AVG into SUM plus a division and
  * PREMUL_SUM into a scaling of the input plus SUM.
  *
+ * Local work: operation buffers and scratch may be device memory (args->mem). Algorithms never
+ * read or write them directly: every local copy and reduction goes through xccl_task_copy and
+ * xccl_task_reduce, which run on the executor of that memory type (core/exec.h). An executor
+ * may finish them later. The core then orders a task's primitives like a stream, so
+ * algorithms are written as if every primitive finished at once:
+ *   - copies and reductions run in the order they were issued (dependent ones need no wait);
+ *   - a send or receive posted while a copy or reduction issued before it is unfinished is
+ *     held in the task and posted, in posting order, once those have finished (so "reduce,
+ *     then isend the result" is correct);
+ *   - xccl_task_test reports XCCL_INPROGRESS while a copy, reduction or held request is
+ *     unfinished; a failed one fails the test (and the operation);
+ *   - progress may return XCCL_OK with copies or reductions unfinished: the operation
+ *     completes once they finish.
+ * The rule for buffers is unchanged: memory that a pending request uses is not touched by
+ * any primitive until xccl_task_test returned XCCL_OK. A sub-task's copies and reductions
+ * join its parent's stream.
+ *
  * Tags: each message an algorithm posts carries a `step` number (below xccl_task_step_limit:
  * 2^20 for a collective, less in a sub-task). Messages between the same pair of ranks with the
  * same step are matched in posting order; distinct steps keep messages of different phases
@@ -108,6 +125,7 @@ typedef struct xccl_coll_args {
     int           root;
     const size_t *scounts, *sdispls, *rcounts, *rdispls; /* ALLTOALLV only             */
     const xccl_topo_t *topo; /* NULL: unknown (the simulator, explain without a group)    */
+    xccl_mem_type_t    mem;  /* memory type of sbuf, rbuf and the task's scratch            */
 } xccl_coll_args_t;
 
 #define XCCL_STEP_MAX         ((1u << 20) - 1)
@@ -134,11 +152,16 @@ xccl_status_t xccl_task_irecv(xccl_task_t *t, int peer, void *buf, size_t nbytes
 xccl_status_t xccl_task_test(xccl_task_t *t);
 /* Number of requests posted and not yet completed. */
 int           xccl_task_pending(const xccl_task_t *t);
-/* dst = a op b over `count` elements with the task's dtype and operator (recorded in traces). */
+/* dst = a op b over `count` elements with the task's dtype and operator (recorded in traces).
+ * Runs on the executor of args->mem and may finish later (see "Local work" above). */
 xccl_status_t xccl_task_reduce(xccl_task_t *t, void *dst, const void *a, const void *b,
                                size_t count);
-/* A scratch buffer of at least nbytes owned by the task (freed at completion). Growing it
- * moves it: take pointers after the last call. NULL when out of memory. */
+/* dst = src over nbytes (the ranges may overlap), on the executor of args->mem; may finish
+ * later. The only way an algorithm may move bytes between operation buffers. */
+xccl_status_t xccl_task_copy(xccl_task_t *t, void *dst, const void *src, size_t nbytes);
+/* A scratch buffer of at least nbytes of the task's memory type, owned by the task (freed at
+ * completion). Growing it moves it and does not keep its contents: take pointers after the
+ * last call. NULL when out of memory. */
 void         *xccl_task_scratch(xccl_task_t *t, size_t nbytes);
 
 /* The bound on step numbers of this task: XCCL_STEP_MAX + 1 for a collective, its step span

@@ -50,10 +50,9 @@ static void free_reqs(xccl_req_t *r)
 void xccl_work_release(xccl_work_t *w)
 {
     if (w == NULL || atomic_fetch_sub(&w->refcount, 1) != 1) return;
+    if (w->kind == WORK_COLL) xccl_coll_free(w);
     free_reqs(w->task.reqs);
     free(w->req);
-    free(w->task.scratch);
-    free(w->tmp);
     free(w->vcounts);
     free(w->errmsg);
     free(w);
@@ -193,12 +192,8 @@ void xccl_work_progress_locked(xccl_work_t *w)
 
     if (w->kind != WORK_COLL) return;
     if (w->t_start == 0) w->t_start = xccl_now_ns();
-    st = w->task.algo->progress(&w->task);
+    st = xccl_coll_progress(w);
     if (st == XCCL_INPROGRESS || !w->active) return;
-    if (st == XCCL_OK) {
-        extern xccl_status_t xccl_coll_epilogue(xccl_work_t * w);
-        st = xccl_coll_epilogue(w);
-    }
     xccl_work_finish(w, st, NULL);
 }
 
@@ -232,6 +227,13 @@ void xccl_work_expire(xccl_work_t *w)
                                     r->state == REQ_ACTIVE ? "in transfer" : "not started",
                                     r->nbytes);
     }
+    if (w->kind == WORK_COLL && (w->task.nev > 0 || w->task.nheld > 0) && off < sizeof(msg))
+        off += (size_t)snprintf(msg + off, sizeof(msg) - off,
+                                "%s %d local operation(s) unfinished on the %s executor (%d "
+                                "send(s)/receive(s) held behind them)",
+                                shown ? ";" : ":", w->task.nev, w->task.exec->name,
+                                w->task.nheld);
+    if (off >= sizeof(msg)) off = sizeof(msg) - 1;
     /* diag.c: where every member is; may take a moment, during which w may fail otherwise */
     off += xccl_diag_table(w->comm, xccl_diag_wait_ms(w->timeout_ms), msg + off, sizeof(msg) - off);
     if (!w->active) return;

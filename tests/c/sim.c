@@ -11,18 +11,21 @@
 #include <string.h>
 
 #include "core/check.h"
+#include "core/exec.h"
 #include "core/reduce.h"
 
 typedef struct sim sim_t;
 
 typedef struct sim_req {
-    xccl_task_t    *task;
+    xccl_task_t    *task; /* the task or sub-task that posted it */
     int             is_send;
     int             peer;
     void           *buf;
     size_t          nbytes;
     uint32_t        step;
     int             done;
+    uint64_t        fence; /* held (posted behind unfinished executor events): 1 + the number */
+                           /* of events before it; 0 once in the matching queues           */
     struct sim_req *match; /* the other side once matched */
 } sim_req_t;
 
@@ -41,13 +44,21 @@ struct xccl_task {
     size_t                  scratch_bytes;
     req_vec_t               reqs; /* posted and not yet forgotten by xccl_task_test */
     int                     finished;
-    /* sub-tasks (xccl_task_sub): rank and size are the sub-task's own; a request of a sub-task
-     * is in its own reqs but names the simulated ranks and the absolute step */
+    int                     draining; /* progress returned XCCL_OK; events still running */
+    const xccl_exec_ops_t  *exec;
+    void                  **ev;       /* unfinished executor events, oldest first       */
+    size_t                  nev, ev_cap;
+    uint64_t                ev_done, ev_issued; /* events finished / issued so far      */
+    xccl_status_t           ev_error;
+    /* sub-tasks (xccl_task_sub): rank and size are the sub-task's own. Requests, executor
+     * events and held posts of every sub-task are the rank's task's (reqs, ev), each request
+     * naming the (sub-)task that posted it, the simulated ranks and the absolute step. */
     const xccl_algo_t      *algo;
     xccl_task_t            *parent;
     int                    *map;
     int                     size;
     uint32_t                step_base, step_span;
+    int                     sub_done; /* its progress returned XCCL_OK */
     xccl_coll_args_t        own_args;
     xccl_task_t            *sub[XCCL_TASK_SUBS];
 };
@@ -59,7 +70,8 @@ struct sim {
     req_vec_t    *recvs;   /* [src * size + dst]: unmatched receives, posting order */
     req_vec_t     matched; /* receives matched and not yet delivered                */
     uint64_t      rng;
-    uint64_t      events;  /* posts, deliveries, reductions, completions            */
+    uint64_t      events;  /* posts, deliveries, reductions, completions, event tests */
+    const sim_opts_t *opts;
     size_t        msgs_cap;
     int           failed;
     sim_result_t *res;
@@ -115,63 +127,33 @@ static int overlaps(const void *a, size_t na, const void *b, size_t nb)
     return na != 0 && nb != 0 && pa < pb + nb && pb < pa + na;
 }
 
-static const xccl_task_t *root_of(const xccl_task_t *t)
+/* The rank's own task, which holds the requests and events of its sub-tasks. */
+static xccl_task_t *root_of(xccl_task_t *t)
 {
     while (t->parent != NULL) t = t->parent;
     return t;
 }
 
-/* The first request of t or its sub-tasks not forgotten (receives only, with recvs_only) whose
- * buffer meets [buf, buf + nbytes). */
-static const sim_req_t *find_overlap_in(const xccl_task_t *t, const void *buf, size_t nbytes,
-                                        int recvs_only)
+/* Whether `t` is `anc` or one of its sub-tasks. */
+static int within(const xccl_task_t *t, const xccl_task_t *anc)
 {
+    for (; t != NULL; t = t->parent)
+        if (t == anc) return 1;
+    return 0;
+}
+
+/* The first request of the rank not forgotten (receives only, with recvs_only) whose buffer
+ * meets [buf, buf + nbytes). */
+static const sim_req_t *find_overlap(xccl_task_t *t, const void *buf, size_t nbytes,
+                                     int recvs_only)
+{
+    t = root_of(t);
     for (size_t i = 0; i < t->reqs.n; i++) {
         const sim_req_t *r = t->reqs.v[i];
         if (recvs_only && r->is_send) continue;
         if (overlaps(r->buf, r->nbytes, buf, nbytes)) return r;
     }
-    for (int i = 0; i < XCCL_TASK_SUBS; i++) {
-        const sim_req_t *r;
-        if (t->sub[i] != NULL && (r = find_overlap_in(t->sub[i], buf, nbytes, recvs_only)))
-            return r;
-    }
     return NULL;
-}
-
-/* The same over the whole rank: the collective's task and every sub-task. */
-static const sim_req_t *find_overlap(const xccl_task_t *t, const void *buf, size_t nbytes,
-                                     int recvs_only)
-{
-    return find_overlap_in(root_of(t), buf, nbytes, recvs_only);
-}
-
-/* Requests of t and its sub-tasks not delivered yet. */
-static int pending_of(const xccl_task_t *t)
-{
-    int n = 0;
-    for (size_t i = 0; i < t->reqs.n; i++) n += !t->reqs.v[i]->done;
-    for (int i = 0; i < XCCL_TASK_SUBS; i++)
-        if (t->sub[i] != NULL) n += pending_of(t->sub[i]);
-    return n;
-}
-
-static void task_free(xccl_task_t *t)
-{
-    for (int i = 0; i < XCCL_TASK_SUBS; i++) {
-        if (t->sub[i] == NULL) continue;
-        task_free(t->sub[i]);
-        free(t->sub[i]);
-        t->sub[i] = NULL;
-    }
-    for (size_t i = 0; i < t->reqs.n; i++) free(t->reqs.v[i]);
-    free(t->reqs.v);
-    free(t->scratch);
-    free(t->map);
-    t->reqs.v  = NULL;
-    t->reqs.n  = 0;
-    t->scratch = NULL;
-    t->map     = NULL;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -180,24 +162,25 @@ static void task_free(xccl_task_t *t)
 
 const xccl_coll_args_t *xccl_task_args(const xccl_task_t *t) { return t->args; }
 int                     xccl_task_rank(const xccl_task_t *t) { return t->rank; }
+uint64_t               *xccl_task_state(xccl_task_t *t) { return t->state; }
+
 int xccl_task_size(const xccl_task_t *t) { return t->parent ? t->size : t->sim->size; }
 
 uint32_t xccl_task_step_limit(const xccl_task_t *t)
 {
     return t->parent ? t->step_span : XCCL_STEP_MAX + 1u;
 }
-uint64_t               *xccl_task_state(xccl_task_t *t) { return t->state; }
+
+static xccl_status_t enqueue(xccl_task_t *t, sim_req_t *r);
 
 static xccl_status_t post(xccl_task_t *t, int is_send, int peer, void *buf, size_t nbytes,
                           uint32_t step)
 {
-    sim_t             *sim = t->sim;
-    const char        *what = is_send ? "send to" : "recv from";
-    const sim_req_t   *o;
-    sim_req_t         *r;
-    req_vec_t         *mine, *theirs;
-    int                pair;
-    const xccl_task_t *owner = t;
+    sim_t           *sim = t->sim;
+    const char      *what = is_send ? "send to" : "recv from";
+    const sim_req_t *o;
+    sim_req_t       *r;
+    xccl_task_t     *owner = t;
 
     /* a sub-task's message, in the terms of the simulated ranks */
     for (; t->parent != NULL; t = t->parent) {
@@ -222,18 +205,37 @@ static xccl_status_t post(xccl_task_t *t, int is_send, int peer, void *buf, size
                         t->rank, what, peer, step, nbytes, o->is_send ? "send to" : "recv from",
                         o->peer, o->step);
     r = calloc(1, sizeof(*r));
-    if (r == NULL || vec_push((req_vec_t *)&owner->reqs, r) != 0) {
+    if (r == NULL || vec_push(&t->reqs, r) != 0) {
         free(r);
         return sim_fail(sim, "sim: out of memory");
     }
-    r->task    = t;
+    r->task    = owner;
     r->is_send = is_send;
     r->peer    = peer;
     r->buf     = buf;
     r->nbytes  = nbytes;
     r->step    = step;
     sim->events++;
+    if (t->nev > 0) {
+        /* an executor event issued before it is unfinished: held (task.h, "Local work") */
+        r->fence = 1 + t->ev_issued;
+        return XCCL_OK;
+    }
+    return enqueue(t, r);
+}
 
+/* Records a posted request and matches it with the other side. */
+static xccl_status_t enqueue(xccl_task_t *t, sim_req_t *r)
+{
+    sim_t      *sim = t->sim;
+    int         is_send = r->is_send, peer = r->peer;
+    uint32_t    step   = r->step;
+    size_t      nbytes = r->nbytes;
+    const char *what   = is_send ? "send to" : "recv from";
+    req_vec_t  *mine, *theirs;
+    int         pair;
+
+    r->fence = 0;
     if (is_send) {
         sim_result_t *res = sim->res;
         if (res->nmsgs == sim->msgs_cap) {
@@ -279,75 +281,167 @@ xccl_status_t xccl_task_irecv(xccl_task_t *t, int peer, void *buf, size_t nbytes
     return post(t, 0, peer, buf, nbytes, step);
 }
 
+/* Tests the executor events oldest first, then queues the held requests whose events are all
+ * finished, in posting order. */
+static void poll_events(xccl_task_t *t)
+{
+    size_t k = 0;
+
+    if (t->nev > 0) t->sim->events++; /* a running executor is progress, not a deadlock */
+    while (k < t->nev) {
+        xccl_status_t st = t->exec->test(t->ev[k]);
+        if (st == XCCL_INPROGRESS) break;
+        if (st < 0 && t->ev_error == XCCL_OK) t->ev_error = st;
+        k++;
+        t->ev_done++;
+    }
+    if (k > 0) {
+        memmove(t->ev, t->ev + k, (t->nev - k) * sizeof(*t->ev));
+        t->nev -= k;
+    }
+    for (size_t i = 0; i < t->reqs.n; i++) {
+        sim_req_t *r = t->reqs.v[i];
+        if (r->fence == 0) continue;
+        if (r->fence - 1 > t->ev_done) break;
+        if (enqueue(t, r) != XCCL_OK) return;
+    }
+}
+
+/* Takes an executor call's outcome: queued events are tracked, errors are sticky. */
+static xccl_status_t exec_result(xccl_task_t *t, xccl_status_t st, void *ev)
+{
+    if (st == XCCL_INPROGRESS) {
+        if (t->nev == t->ev_cap) {
+            size_t cap = t->ev_cap ? 2 * t->ev_cap : 16;
+            void **v   = realloc(t->ev, cap * sizeof(*v));
+            if (v == NULL) return sim_fail(t->sim, "sim: out of memory");
+            t->ev     = v;
+            t->ev_cap = cap;
+        }
+        t->ev[t->nev++] = ev;
+        t->ev_issued++;
+        return XCCL_OK;
+    }
+    if (st < 0 && t->ev_error == XCCL_OK) t->ev_error = st;
+    return st;
+}
+
+/* A sub-task's requests and those of its sub-tasks are its own; its local work is in the
+ * rank's stream, so a test waits for every event of the rank. */
 xccl_status_t xccl_task_test(xccl_task_t *t)
 {
+    xccl_task_t *root = root_of(t);
+    size_t       k    = 0;
+
     if (t->sim->failed) return XCCL_ERR_INTERNAL;
-    if (pending_of(t) > 0) return XCCL_INPROGRESS; /* sub-tasks' requests count too */
-    for (size_t i = 0; i < t->reqs.n; i++) free(t->reqs.v[i]);
-    t->reqs.n = 0;
+    poll_events(root);
+    if (t->sim->failed) return XCCL_ERR_INTERNAL;
+    if (root->ev_error < 0) return root->ev_error;
+    if (root->nev > 0) return XCCL_INPROGRESS;
+    for (size_t i = 0; i < root->reqs.n; i++)
+        if (within(root->reqs.v[i]->task, t) && !root->reqs.v[i]->done) return XCCL_INPROGRESS;
+    for (size_t i = 0; i < root->reqs.n; i++) {
+        if (within(root->reqs.v[i]->task, t)) free(root->reqs.v[i]);
+        else root->reqs.v[k++] = root->reqs.v[i];
+    }
+    root->reqs.n = k;
     return XCCL_OK;
 }
 
-int xccl_task_pending(const xccl_task_t *t) { return pending_of(t); }
+int xccl_task_pending(const xccl_task_t *t)
+{
+    const xccl_task_t *root = t;
+    int                n    = 0;
+
+    while (root->parent != NULL) root = root->parent;
+    for (size_t i = 0; i < root->reqs.n; i++)
+        n += within(root->reqs.v[i]->task, t) && !root->reqs.v[i]->done;
+    return n;
+}
+
+/* Frees a sub-task's own memory and its sub-tasks (not requests: the rank's task has them). */
+static void sub_free(xccl_task_t *s)
+{
+    for (int i = 0; i < XCCL_TASK_SUBS; i++) {
+        if (s->sub[i] == NULL) continue;
+        sub_free(s->sub[i]);
+        s->sub[i] = NULL;
+    }
+    if (s->parent != NULL) {
+        if (s->scratch != NULL) s->exec->free(s->scratch);
+        free(s->map);
+        free(s);
+    }
+}
 
 xccl_status_t xccl_task_sub(xccl_task_t *t, int slot, const xccl_algo_t *algo,
                             const xccl_coll_args_t *args, const int *map, int nsub,
                             uint32_t step_base, uint32_t step_span)
 {
     sim_t        *sim  = t->sim;
-    int           root = root_of(t)->rank, size = xccl_task_size(t), rank = -1;
-    xccl_task_t  *s;
+    xccl_task_t  *root = root_of(t), *s;
+    int           size = xccl_task_size(t), rank = -1;
     xccl_status_t st;
 
     if (slot < 0 || slot >= XCCL_TASK_SUBS)
-        return sim_fail(sim, "rank %d: sub-task slot %d", root, slot);
+        return sim_fail(sim, "rank %d: sub-task slot %d", root->rank, slot);
     if (t->sub[slot] == NULL) {
         uint32_t limit = xccl_task_step_limit(t);
         if (algo == NULL || args == NULL || map == NULL || nsub < 1 || step_span == 0 ||
             step_base > limit || step_span > limit - step_base)
             return sim_fail(sim, "rank %d: invalid sub-task (%d members, steps %u + %u of %u)",
-                            root, nsub, step_base, step_span, limit);
+                            root->rank, nsub, step_base, step_span, limit);
         for (int i = 0; i < nsub; i++) {
             for (int j = 0; j < i; j++)
                 if (map[j] == map[i])
                     return sim_fail(sim, "rank %d: sub-task %s: rank %d is members %d and %d",
-                                    root, algo->name, map[i], j, i);
+                                    root->rank, algo->name, map[i], j, i);
             if (map[i] < 0 || map[i] >= size)
-                return sim_fail(sim, "rank %d: sub-task %s: member %d is rank %d of %d", root,
-                                algo->name, i, map[i], size);
+                return sim_fail(sim, "rank %d: sub-task %s: member %d is rank %d of %d",
+                                root->rank, algo->name, i, map[i], size);
             if (map[i] == t->rank) rank = i;
         }
-        if (rank < 0) return sim_fail(sim, "rank %d: sub-task %s without it", root, algo->name);
+        if (rank < 0)
+            return sim_fail(sim, "rank %d: sub-task %s without it", root->rank, algo->name);
         s = calloc(1, sizeof(*s));
         if (s == NULL || (s->map = malloc((size_t)nsub * sizeof(int))) == NULL) {
             free(s);
             return sim_fail(sim, "sim: out of memory");
         }
         memcpy(s->map, map, (size_t)nsub * sizeof(int));
-        s->sim       = sim;
-        s->rank      = rank;
-        s->size      = nsub;
-        s->algo      = algo;
-        s->parent    = t;
-        s->own_args  = *args;
-        s->args      = &s->own_args;
-        s->step_base = step_base;
-        s->step_span = step_span;
-        t->sub[slot] = s;
+        s->sim           = sim;
+        s->rank          = rank;
+        s->size          = nsub;
+        s->algo          = algo;
+        s->parent        = t;
+        s->own_args      = *args;
+        s->own_args.mem  = t->args->mem; /* its buffers are its parent's kind of memory */
+        s->args          = &s->own_args;
+        s->exec          = t->exec;
+        s->step_base     = step_base;
+        s->step_span     = step_span;
+        t->sub[slot]     = s;
         sim->events++;
     }
     s  = t->sub[slot];
-    st = s->algo->progress(s);
-    if (st == XCCL_OK) {
-        if (pending_of(s) > 0 || s->reqs.n != 0)
-            return sim_fail(sim, "rank %d: sub-task %s returned XCCL_OK with requests not tested",
-                            root, s->algo->name);
-        task_free(s);
-        free(s);
-        t->sub[slot] = NULL;
-        sim->events++;
-    }
-    return st;
+    st = s->sub_done ? XCCL_OK : s->algo->progress(s);
+    if (st != XCCL_OK) return st;
+    s->sub_done = 1;
+    if (xccl_task_pending(s) > 0)
+        return sim_fail(sim, "rank %d: sub-task %s returned XCCL_OK with requests not tested",
+                        root->rank, s->algo->name);
+    for (int i = 0; i < XCCL_TASK_SUBS; i++)
+        if (s->sub[i] != NULL)
+            return sim_fail(sim, "rank %d: sub-task %s returned XCCL_OK with sub-task %s running",
+                            root->rank, s->algo->name, s->sub[i]->algo->name);
+    /* its scratch goes once the rank's queued work no longer uses it */
+    poll_events(root);
+    if (root->ev_error < 0) return root->ev_error;
+    if (root->nev > 0) return XCCL_INPROGRESS;
+    sub_free(s);
+    t->sub[slot] = NULL;
+    sim->events++;
+    return XCCL_OK;
 }
 
 xccl_status_t xccl_task_reduce(xccl_task_t *t, void *dst, const void *a, const void *b,
@@ -365,7 +459,34 @@ xccl_status_t xccl_task_reduce(xccl_task_t *t, void *dst, const void *a, const v
     sim->events++;
     sim->res->reduce_bytes[root_of(t)->rank] += nbytes;
     sim->res->reduce_calls[root_of(t)->rank]++;
-    return xccl_reduce2(dst, a, b, count, args->dtype, args->op);
+    if (t->exec == &xccl_exec_cpu) return xccl_reduce2(dst, a, b, count, args->dtype, args->op);
+    {
+        void         *ev = NULL;
+        xccl_status_t st = t->exec->reduce(dst, a, b, count, args->dtype, args->op, &ev);
+        return exec_result(root_of(t), st, ev);
+    }
+}
+
+xccl_status_t xccl_task_copy(xccl_task_t *t, void *dst, const void *src, size_t nbytes)
+{
+    const sim_req_t *o;
+    void            *ev = NULL;
+    xccl_status_t    st;
+
+    if (nbytes == 0 || dst == src) return XCCL_OK;
+    if ((dst == NULL || src == NULL))
+        return sim_fail(t->sim, "rank %d: copy of %zu B with a NULL buffer", t->rank, nbytes);
+    if ((o = find_overlap(t, dst, nbytes, 0)) != NULL ||
+        (o = find_overlap(t, src, nbytes, 1)) != NULL)
+        return sim_fail(t->sim, "rank %d: copy of %zu B touches its pending %s %d step %u",
+                        t->rank, nbytes, o->is_send ? "send to" : "recv from", o->peer, o->step);
+    t->sim->events++;
+    if (t->exec == &xccl_exec_cpu) {
+        memmove(dst, src, nbytes);
+        return XCCL_OK;
+    }
+    st = t->exec->copy(dst, src, nbytes, &ev);
+    return exec_result(root_of(t), st, ev);
 }
 
 void *xccl_task_scratch(xccl_task_t *t, size_t nbytes)
@@ -378,12 +499,15 @@ void *xccl_task_scratch(xccl_task_t *t, size_t nbytes)
                  nbytes);
         return NULL;
     }
-    /* always move, so that stale pointers into the old buffer fail under ASan */
-    p = malloc(nbytes ? nbytes : 1);
+    /* events still using the old buffer finish first */
+    while (t->scratch != NULL && root_of(t)->nev > 0 && !t->sim->failed)
+        poll_events(root_of(t));
+    /* always move, so that stale pointers into the old buffer fail under ASan; the contents
+     * are not kept (task.h) */
+    p = t->exec->alloc(nbytes ? nbytes : 1);
     if (p == NULL) return NULL;
-    memset(p, 0xa5, nbytes);
-    if (t->scratch != NULL) memcpy(p, t->scratch, t->scratch_bytes);
-    free(t->scratch);
+    if (t->exec == &xccl_exec_cpu) memset(p, 0xa5, nbytes);
+    if (t->scratch != NULL) t->exec->free(t->scratch);
     t->scratch       = p;
     t->scratch_bytes = nbytes;
     return p;
@@ -399,6 +523,8 @@ static void deliver(sim_t *sim, int random)
 {
     size_t i = 0, delivered = 0;
 
+    if (sim->matched.n == 0) return;
+    if (sim->opts && sim->opts->transfer_access) sim->opts->transfer_access(1);
     while (i < sim->matched.n) {
         sim_req_t *rv = sim->matched.v[i], *sd = rv->match;
         int        go = !random || (sim_rand(sim) & 1) ||
@@ -413,24 +539,7 @@ static void deliver(sim_t *sim, int random)
         delivered++;
         sim->events++;
     }
-}
-
-/* Appends t's pending requests and its sub-tasks' to e (length *len of cap). */
-static void describe_pending(const xccl_task_t *t, char *e, size_t cap, size_t *len)
-{
-    for (size_t i = 0; i < t->reqs.n && *len < cap; i++) {
-        const sim_req_t *q = t->reqs.v[i];
-        if (q->done) continue;
-        *len += (size_t)snprintf(e + *len, cap - *len, " %s %d step %u %zuB%s",
-                                 q->is_send ? "send->" : "recv<-", q->peer, q->step, q->nbytes,
-                                 q->match ? " (matched)" : "");
-    }
-    for (int i = 0; i < XCCL_TASK_SUBS; i++) {
-        if (t->sub[i] == NULL || *len >= cap) continue;
-        *len += (size_t)snprintf(e + *len, cap - *len, " {sub %s:", t->sub[i]->algo->name);
-        describe_pending(t->sub[i], e, cap, len);
-        if (*len < cap) *len += (size_t)snprintf(e + *len, cap - *len, "}");
-    }
+    if (sim->opts && sim->opts->transfer_access) sim->opts->transfer_access(0);
 }
 
 static void describe_deadlock(sim_t *sim, long pass)
@@ -443,7 +552,13 @@ static void describe_deadlock(sim_t *sim, long pass)
         const xccl_task_t *t = &sim->tasks[r];
         if (t->finished) continue;
         len += (size_t)snprintf(e + len, cap - len, " [rank %d:", r);
-        describe_pending(t, e, cap, &len);
+        for (size_t i = 0; i < t->reqs.n && len < cap; i++) {
+            const sim_req_t *q = t->reqs.v[i];
+            if (q->done) continue;
+            len += (size_t)snprintf(e + len, cap - len, " %s %d step %u %zuB%s",
+                                    q->is_send ? "send->" : "recv<-", q->peer, q->step,
+                                    q->nbytes, q->match ? " (matched)" : "");
+        }
         if (len < cap) len += (size_t)snprintf(e + len, cap - len, "]");
     }
     sim->failed = 1;
@@ -464,6 +579,7 @@ xccl_status_t sim_run(const xccl_algo_t *algo, int size, const xccl_coll_args_t 
     sim.size  = size;
     sim.res   = res;
     sim.rng   = opts ? opts->seed : 0;
+    sim.opts  = opts;
     sim.tasks = calloc((size_t)size, sizeof(*sim.tasks));
     sim.sends = calloc((size_t)size * (size_t)size, sizeof(*sim.sends));
     sim.recvs = calloc((size_t)size * (size_t)size, sizeof(*sim.recvs));
@@ -479,6 +595,13 @@ xccl_status_t sim_run(const xccl_algo_t *algo, int size, const xccl_coll_args_t 
         sim.tasks[r].rank = r;
         sim.tasks[r].args = &args[r];
         sim.tasks[r].algo = algo;
+        sim.tasks[r].exec = xccl_exec_for(args[r].mem);
+        if (sim.tasks[r].exec == NULL) {
+            snprintf(res->error, sizeof(res->error), "rank %d: no executor for memory type %d",
+                     r, (int)args[r].mem);
+            st = XCCL_ERR_NOT_SUPPORTED;
+            goto out;
+        }
     }
 
     for (pass = 0; left > 0; pass++) {
@@ -492,6 +615,20 @@ xccl_status_t sim_run(const xccl_algo_t *algo, int size, const xccl_coll_args_t 
         for (int r = 0; r < size; r++) {
             xccl_task_t *t = &sim.tasks[r];
             if (t->finished) continue;
+            if (t->draining) {
+                poll_events(t);
+                if (t->ev_error < 0) {
+                    st = t->ev_error;
+                    snprintf(res->error, sizeof(res->error), "rank %d: executor: %s", r,
+                             xccl_status_string(st));
+                    goto out;
+                }
+                if (t->nev == 0) {
+                    t->finished = 1;
+                    left--;
+                }
+                continue;
+            }
             st = algo->progress(t);
             if (sim.failed) {
                 st = XCCL_ERR_INTERNAL;
@@ -515,9 +652,13 @@ xccl_status_t sim_run(const xccl_algo_t *algo, int size, const xccl_coll_args_t 
                                   r, algo->name, t->reqs.n);
                     goto out;
                 }
+                sim.events++;
+                if (t->nev > 0) {
+                    t->draining = 1; /* complete once its copies and reductions are */
+                    continue;
+                }
                 t->finished = 1;
                 left--;
-                sim.events++;
             } else if (st != XCCL_INPROGRESS) {
                 st = sim_fail(&sim, "rank %d: progress returned %d", r, (int)st);
                 goto out;
@@ -535,7 +676,17 @@ xccl_status_t sim_run(const xccl_algo_t *algo, int size, const xccl_coll_args_t 
 
 out:
     if (sim.tasks != NULL) {
-        for (int r = 0; r < size; r++) task_free(&sim.tasks[r]);
+        for (int r = 0; r < size; r++) {
+            xccl_task_t *t = &sim.tasks[r];
+            /* executor events of a failed run finish before their buffers go */
+            for (size_t i = 0; t->exec != NULL && t->exec->test != NULL && i < t->nev; i++)
+                while (t->exec->test(t->ev[i]) == XCCL_INPROGRESS) {}
+            free(t->ev);
+            sub_free(t);
+            for (size_t i = 0; i < t->reqs.n; i++) free(t->reqs.v[i]);
+            free(t->reqs.v);
+            if (t->scratch != NULL) t->exec->free(t->scratch);
+        }
     }
     for (int i = 0; sim.sends && sim.recvs && i < size * size; i++) {
         free(sim.sends[i].v);

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0
  *
- * sim.h - a deterministic in-process simulator of the xccl_task_* primitives (csrc/algo/algo.h)
+ * sim.h - a deterministic in-process simulator of the xccl_task_* primitives (csrc/core/task.h)
  * for testing collective algorithms without transports: N simulated ranks run one algorithm
  * in a single thread.
  *
@@ -21,7 +21,17 @@
  *     requests pending, unmatched messages at the end.
  *   - Every message is recorded (in posting order) with its step and size; reductions are
  *     counted per rank, so tests can compare traffic with the algorithms' cost formulas.
- *   - New scratch memory is filled with 0xA5 so that reading it before writing shows.
+ *   - New scratch memory is filled with 0xA5 so that reading it before writing shows; growing
+ *     the scratch does not keep its contents.
+ *   - Memory types: each rank's copies, reductions and scratch go through the executor of
+ *     args[r].mem (core/exec.h; tests install fake ones). Executor events are ordered as
+ *     task.h says: sends and receives posted behind unfinished events are held, tests report
+ *     XCCL_INPROGRESS while events run, a rank whose progress returned XCCL_OK finishes once
+ *     its events did.
+ *   - Sub-tasks (xccl_task_sub) run as task.h says: their messages are the rank's, with mapped
+ *     peers and offset steps, their local work joins the rank's stream; a sub-task posting
+ *     outside its members or step span, one started without the caller among its members, and
+ *     a task returning XCCL_OK with a sub-task running are errors.
  *
  * Not thread-safe: one sim_run at a time per process.
  */
@@ -42,6 +52,9 @@ typedef struct sim_msg {
 typedef struct sim_opts {
     uint64_t seed;       /* 0: deliver every matched message at the end of each pass      */
     long     max_passes; /* 0: 10 million                                                 */
+    /* Called with 1 before the network phase copies payloads and with 0 after it (NULL:
+     * none): lets a test keep executor memory inaccessible outside executor calls. */
+    void (*transfer_access)(int open);
 } sim_opts_t;
 
 typedef struct sim_result {

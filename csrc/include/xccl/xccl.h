@@ -218,6 +218,13 @@ int           xccl_comm_global_rank(const xccl_comm_t *comm, int rank);
 const char   *xccl_comm_peer_transport(const xccl_comm_t *comm, int peer);
 /* The sticky asynchronous error of the communicator (XCCL_OK if none). */
 xccl_status_t xccl_comm_async_error(const xccl_comm_t *comm);
+/* [ptr, ptr + nbytes) is about to be freed or remapped: the memory registrations that the
+ * transports of comm's connections (shared by every communicator split from the same one)
+ * cached for any part of it are dropped, each deregistered once no operation in flight uses it.
+ * Call it before freeing or remapping memory that operations used, where a transport registers
+ * memory (RDMA); elsewhere it does nothing. Operations still running on that memory must be
+ * finished first. XCCL_ERR_INVALID_ARG: comm is NULL. */
+xccl_status_t xccl_comm_mem_invalidate(xccl_comm_t *comm, const void *ptr, size_t nbytes);
 
 /* ---------------------------------------------------------------------------------------------
  * Work: one posted operation. Created by the operations below with one reference owned by
@@ -270,6 +277,8 @@ typedef struct xccl_coll_opts {
     int64_t     timeout_ms;    /* <= 0: the communicator's                                   */
     int         blocking;      /* the caller waits right away: do not hand the operation to  */
                                /* the background progress thread                             */
+    xccl_mem_type_t mem;       /* where the buffers live (zero: host memory); a type without */
+                               /* an executor in this process fails the call (NOT_SUPPORTED) */
 } xccl_coll_opts_t;
 
 /* Messages between a pair with the same tag are matched in posting order. A receive buffer

@@ -16,12 +16,24 @@
  *
  * Threading
  *   A transport context is driven by one thread at a time: the core serialises every call into
- *   a context (and every upcall out of it) under its own lock. Only `wait` is called without
- *   that lock and may run concurrently with other calls; it must only sleep.
+ *   a context (and every upcall out of it) under its own lock. Only `wait`, `wait_arm` and
+ *   `wait_disarm` are called without that lock and may run concurrently with other calls (and
+ *   with each other, from several threads); they must only sleep or prepare a sleep.
+ *
+ * Sleeping
+ *   With one transport in a context the core sleeps in its `wait`. With several it sleeps on all
+ *   at once: it arms each (wait_arm), polls the descriptors they give for POLLIN in one poll(2),
+ *   then disarms each (wait_disarm). A descriptor must turn readable whenever `wait` would
+ *   return: a message or completion to progress, a `wake`.
  *
  * Versioning
  *   abi_version must equal XCCL_TRANSPORT_ABI_VERSION. New entries are appended; optional
  *   entries may be NULL.
+ *
+ * Building a transport
+ *   A transport needs only the public headers: this one, xccl.h and xccl_tp_support.h (errors,
+ *   logging, clocks, sockets, the authentication handshake). The built-in ones (tcp, shm) are
+ *   built that way; a transport built elsewhere is added with xccl_transport_register.
  */
 #ifndef XCCL_TRANSPORT_H
 #define XCCL_TRANSPORT_H
@@ -35,15 +47,16 @@
 extern "C" {
 #endif
 
-#define XCCL_TRANSPORT_ABI_VERSION 2
+#define XCCL_TRANSPORT_ABI_VERSION 4
 #define XCCL_TP_ADDR_MAX           256 /* bytes of address blob per rank and transport */
+#define XCCL_TP_NAME_MAX           16  /* bytes of a transport's name, NUL included     */
 #define XCCL_CPU_WORDS             16  /* xccl_peer_info_t.cpus: CPUs 0..1023           */
 
 /* Wire header of every message (host byte order; peers are assumed to share endianness, which
  * the TCP handshake verifies). 32 bytes. */
 typedef struct xccl_msg_hdr {
     uint64_t comm_id; /* communicator the message belongs to                                */
-    uint64_t tag;     /* match key within the communicator (see csrc/core/tags.h)            */
+    uint64_t tag;     /* match key within the communicator (opaque to transports)            */
     uint64_t fp;      /* fingerprint of the call that sent it (0 for point-to-point)         */
     uint64_t nbytes;  /* payload bytes that follow                                           */
 } xccl_msg_hdr_t;
@@ -119,7 +132,7 @@ enum {
 
 typedef struct xccl_transport_ops {
     uint32_t    abi_version; /* XCCL_TRANSPORT_ABI_VERSION                                    */
-    const char *name;        /* "tcp", "shm", ... (used by XCCL_TRANSPORTS)                   */
+    const char *name;        /* "tcp", "shm", ... (used by XCCL_TRANSPORTS; < XCCL_TP_NAME_MAX) */
     uint32_t    caps;        /* XCCL_TP_CAP_* bits                                            */
     int         priority;    /* among transports that reach a peer, the highest is used       */
 
@@ -149,7 +162,7 @@ typedef struct xccl_transport_ops {
     /* Optional: sleeps until this transport may have something to do or timeout_ms passes.
      * Called without the core lock (see Threading). NULL: the core sleeps on its own. */
     void (*wait)(xccl_tp_ctx_t *ctx, int timeout_ms);
-    /* Optional: wakes a thread sleeping in `wait`. */
+    /* Optional: wakes a thread sleeping in `wait` or polling wait_arm's descriptor. */
     void (*wake)(xccl_tp_ctx_t *ctx);
 
     /* Optional: drops the connection to `peer` now (the core gives up on an operation that
@@ -168,7 +181,29 @@ typedef struct xccl_transport_ops {
      * for communicators whose links are of this transport. */
     double alpha;
     double beta;
+
+    /* Optional, for a context with several transports (see Sleeping): prepares a sleep.
+     * 0: this transport has something to do now; the core does not sleep and does not disarm
+     * it. 1: armed, and *fd is a descriptor to poll for POLLIN, or -1 when it has none (the
+     * core then sleeps at most 1 ms). NULL: the core sleeps at most 1 ms at a time. */
+    int (*wait_arm)(xccl_tp_ctx_t *ctx, int *fd);
+    /* Optional: undoes a wait_arm that returned 1, after the poll. */
+    void (*wait_disarm)(xccl_tp_ctx_t *ctx);
 } xccl_transport_ops_t;
+
+/* Adds a transport to those every later context chooses from (XCCL_TRANSPORTS names it, or its
+ * priority ranks it among the others); a context created before does not see it. `ops` must
+ * stay valid until the process exits; it cannot be removed. Thread-safe, but a registration
+ * racing with a communicator's creation may or may not be seen by it.
+ * XCCL_ERR_INVALID_ARG: abi_version is not XCCL_TRANSPORT_ABI_VERSION, a mandatory entry (init,
+ * finalize, reachable, get_addr, wireup, isend, progress; mem_reg and mem_dereg with
+ * XCCL_TP_CAP_NEEDS_REG) is NULL, or the name is empty, too long or already taken.
+ * XCCL_ERR_NOT_SUPPORTED: no room for another transport (XCCL_TP_REGISTER_MAX). */
+#define XCCL_TP_REGISTER_MAX 2
+xccl_status_t xccl_transport_register(const xccl_transport_ops_t *ops);
+/* The transport named `name`, built in or registered; NULL if there is none. A transport may
+ * wrap another (e.g. tcp) by calling its entries with its own state. */
+const xccl_transport_ops_t *xccl_transport_find(const char *name);
 
 #ifdef __cplusplus
 }

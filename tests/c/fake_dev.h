@@ -1,0 +1,239 @@
+/* SPDX-License-Identifier: Apache-2.0
+ *
+ * fake_dev.h - a fake "device" executor (core/exec.h) for tests, installed for XCCL_MEM_CUDA
+ * with xccl_exec_set_for_test:
+ *   - asynchronous: copy, reduce, scale and divide are only queued (XCCL_INPROGRESS with an
+ *     event); they run, in issue order like work on one stream, when an event is tested for
+ *     the 2nd to 4th time (chosen per event by a seeded generator). Each operation reads its
+ *     inputs when it runs, as a device kernel would, so an algorithm that changes an input
+ *     before the operation finished, or sends a result before it exists, gets wrong data;
+ *   - inaccessible memory: what fdev_alloc returns (page-aligned mappings) is PROT_NONE
+ *     outside executor calls, so a direct CPU access by an algorithm or the core crashes the
+ *     test. fdev_open(1) / fdev_open(0) open and close every mapping (the test filling and
+ *     checking buffers; the simulator's network phase, see sim_opts_t.transfer_access).
+ * Host memory passed to it (staging) is simply accessed. One translation unit per program:
+ * everything here is static. Not thread-safe.
+ */
+#ifndef XCCL_TESTS_FAKE_DEV_H
+#define XCCL_TESTS_FAKE_DEV_H
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "core/exec.h"
+#include "core/reduce.h"
+
+enum { FDEV_COPY, FDEV_REDUCE, FDEV_SCALE, FDEV_DIVIDE };
+
+typedef struct fdev_op {
+    int             kind;
+    void           *dst;
+    const void     *a, *b;
+    size_t          n; /* bytes (copy) or elements */
+    xccl_dtype_t    dtype;
+    xccl_op_t       op;
+    double          factor;
+    int             div;
+    int             tests_left; /* tests before it runs (with everything queued before it) */
+    int             done;
+    xccl_status_t   status;
+    struct fdev_op *next; /* queue: not yet run */
+} fdev_op_t;
+
+typedef struct fdev_region {
+    void  *p;
+    size_t len;
+} fdev_region_t;
+
+static struct {
+    fdev_region_t *reg;
+    size_t         nreg, cap;
+    int            open; /* mappings are readable and writable now */
+    int            async; /* 0: operations run inside the call (still behind PROT_NONE) */
+    uint64_t       rng;
+    fdev_op_t     *head, *tail;
+    size_t         queued, ran, live; /* operations queued / run, events not yet released */
+} fdev = {.async = 1, .rng = 1};
+
+static void fdev_protect(int open)
+{
+    for (size_t i = 0; i < fdev.nreg; i++) {
+        if (mprotect(fdev.reg[i].p, fdev.reg[i].len, open ? PROT_READ | PROT_WRITE : PROT_NONE)) {
+            perror("fake_dev: mprotect");
+            abort();
+        }
+    }
+}
+
+/* Opens (1) or closes (0) every mapping of the fake device to the CPU. */
+static void fdev_open(int open)
+{
+    if (open == fdev.open) return;
+    fdev_protect(open);
+    fdev.open = open;
+}
+
+static void *fdev_alloc(size_t nbytes)
+{
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    size_t len  = (nbytes + page - 1) / page * page;
+    void  *p;
+
+    if (len == 0) len = page;
+    p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return NULL;
+    if (fdev.nreg == fdev.cap) {
+        size_t         cap = fdev.cap ? 2 * fdev.cap : 64;
+        fdev_region_t *r   = realloc(fdev.reg, cap * sizeof(*r));
+        if (r == NULL) {
+            munmap(p, len);
+            return NULL;
+        }
+        fdev.reg = r;
+        fdev.cap = cap;
+    }
+    memset(p, 0xA5, len); /* reading before writing shows */
+    if (!fdev.open) mprotect(p, len, PROT_NONE);
+    fdev.reg[fdev.nreg++] = (fdev_region_t){p, len};
+    return p;
+}
+
+static void fdev_free(void *p)
+{
+    for (size_t i = 0; i < fdev.nreg; i++) {
+        if (fdev.reg[i].p != p) continue;
+        munmap(p, fdev.reg[i].len);
+        fdev.reg[i] = fdev.reg[--fdev.nreg];
+        return;
+    }
+    fprintf(stderr, "fake_dev: free of %p, which it did not allocate\n", p);
+    abort();
+}
+
+static void fdev_run(fdev_op_t *o)
+{
+    switch (o->kind) {
+    case FDEV_COPY: memmove(o->dst, o->a, o->n); o->status = XCCL_OK; break;
+    case FDEV_REDUCE: o->status = xccl_reduce2(o->dst, o->a, o->b, o->n, o->dtype, o->op); break;
+    case FDEV_SCALE: o->status = xccl_scale(o->dst, o->a, o->n, o->dtype, o->factor); break;
+    default: o->status = xccl_divide(o->dst, o->a, o->n, o->dtype, o->div); break;
+    }
+    o->done = 1;
+    fdev.ran++;
+}
+
+/* Runs the queue up to and including `last`, in issue order. */
+static void fdev_run_until(fdev_op_t *last)
+{
+    int was = fdev.open;
+
+    fdev_open(1);
+    while (fdev.head != NULL) {
+        fdev_op_t *o = fdev.head;
+        fdev.head    = o->next;
+        if (fdev.head == NULL) fdev.tail = NULL;
+        fdev_run(o);
+        if (o == last) break;
+    }
+    fdev_open(was);
+}
+
+static xccl_status_t fdev_issue(fdev_op_t proto, void **ev)
+{
+    fdev_op_t *o = malloc(sizeof(*o));
+
+    if (o == NULL) return XCCL_ERR_NO_MEMORY;
+    *o = proto;
+    fdev.rng += 0x9e3779b97f4a7c15ull;
+    o->tests_left = 2 + (int)((fdev.rng >> 33) % 3);
+    fdev.queued++;
+    if (!fdev.async) {
+        int was = fdev.open;
+        fdev_open(1);
+        fdev_run(o);
+        fdev_open(was);
+        xccl_status_t st = o->status;
+        free(o);
+        *ev = NULL;
+        return st;
+    }
+    if (fdev.tail) fdev.tail->next = o;
+    else fdev.head = o;
+    fdev.tail = o;
+    fdev.live++;
+    *ev = o;
+    return XCCL_INPROGRESS;
+}
+
+static xccl_status_t fdev_copy(void *dst, const void *src, size_t nbytes, void **ev)
+{
+    return fdev_issue((fdev_op_t){.kind = FDEV_COPY, .dst = dst, .a = src, .n = nbytes}, ev);
+}
+
+static xccl_status_t fdev_reduce(void *dst, const void *a, const void *b, size_t count,
+                                 xccl_dtype_t dtype, xccl_op_t op, void **ev)
+{
+    return fdev_issue((fdev_op_t){.kind  = FDEV_REDUCE,
+                                  .dst   = dst,
+                                  .a     = a,
+                                  .b     = b,
+                                  .n     = count,
+                                  .dtype = dtype,
+                                  .op    = op},
+                      ev);
+}
+
+static xccl_status_t fdev_scale(void *dst, const void *src, size_t count, xccl_dtype_t dtype,
+                                double factor, void **ev)
+{
+    return fdev_issue((fdev_op_t){.kind   = FDEV_SCALE,
+                                  .dst    = dst,
+                                  .a      = src,
+                                  .n      = count,
+                                  .dtype  = dtype,
+                                  .factor = factor},
+                      ev);
+}
+
+static xccl_status_t fdev_divide(void *dst, const void *src, size_t count, xccl_dtype_t dtype,
+                                 int n, void **ev)
+{
+    return fdev_issue((fdev_op_t){.kind  = FDEV_DIVIDE,
+                                  .dst   = dst,
+                                  .a     = src,
+                                  .n     = count,
+                                  .dtype = dtype,
+                                  .div   = n},
+                      ev);
+}
+
+static xccl_status_t fdev_test(void *ev)
+{
+    fdev_op_t    *o = ev;
+    xccl_status_t st;
+
+    if (!o->done && --o->tests_left > 0) return XCCL_INPROGRESS;
+    if (!o->done) fdev_run_until(o);
+    st = o->status;
+    free(o);
+    fdev.live--;
+    return st;
+}
+
+static const xccl_exec_ops_t fdev_ops = {
+    .name   = "fake-device",
+    .mem    = XCCL_MEM_CUDA,
+    .copy   = fdev_copy,
+    .reduce = fdev_reduce,
+    .scale  = fdev_scale,
+    .divide = fdev_divide,
+    .test   = fdev_test,
+    .alloc  = fdev_alloc,
+    .free   = fdev_free,
+};
+
+#endif /* XCCL_TESTS_FAKE_DEV_H */
