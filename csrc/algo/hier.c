@@ -280,10 +280,9 @@ static int min_node_size(const xccl_topo_t *topo, int n)
  * nodes prices lower for `nbytes` on H ranks (ring on a tie); the same on every rank. */
 static const xccl_algo_t *rs_inter_algo(const xccl_topo_t *topo, int H, size_t nbytes)
 {
-    static const xccl_cost_model_t fallback = {20e-6, 1.0 / 2.0e9, 1.0 / 4.0e9};
-    const xccl_cost_model_t       *m        = topo != NULL ? &topo->inter : &fallback;
-    const xccl_algo_t             *ring = &xccl_algo_allreduce_ring;
-    const xccl_algo_t             *rab  = &xccl_algo_allreduce_rabenseifner;
+    const xccl_cost_model_t *m    = &topo->inter;
+    const xccl_algo_t       *ring = &xccl_algo_allreduce_ring;
+    const xccl_algo_t       *rab  = &xccl_algo_allreduce_rabenseifner;
 
     return xccl_algo_predict(rab, m, H, nbytes) < xccl_algo_predict(ring, m, H, nbytes) ? rab
                                                                                           : ring;
