@@ -71,7 +71,7 @@ static xccl_status_t ring_progress(xccl_task_t *t)
             uint32_t step;
 
             if (c < 0) continue;
-            step = xccl_pat_pipe_step(&pipe, s, c) & XCCL_STEP_MAX;
+            step = xccl_pat_step_wrap(t, xccl_pat_pipe_step(&pipe, s, c));
             off  = xccl_pat_block_off(count, pipe.nchunks, c);
             cnt  = xccl_pat_block_count(count, pipe.nchunks, c);
             XCCL_CHECK(xccl_pat_recv_nz(t, xccl_pat_ring_prev(r, n), buf + ((size_t)rb * count + off) * es,

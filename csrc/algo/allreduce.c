@@ -62,7 +62,7 @@ static xccl_status_t ring_post(const void *arg, int k)
             continue;
         }
         /* all-gather: the reduced blocks travel on, in place */
-        step = xccl_pat_pipe_step(&x->pipe, s, c) & XCCL_STEP_MAX;
+        step = xccl_pat_step_wrap(x->t, xccl_pat_pipe_step(&x->pipe, s, c));
         sb   = xccl_pat_ring_ag_send_block(r, n, s - (n - 1));
         rb   = xccl_pat_ring_ag_recv_block(r, n, s - (n - 1));
         scnt = xccl_ring_rs_chunk(x, sb, c, &soff);

@@ -15,10 +15,6 @@
 #include "algo/patterns.h"
 #include "core/check.h"
 
-static uint32_t step_clamp(uint64_t step)
-{
-    return step < XCCL_STEP_MAX ? (uint32_t)step : XCCL_STEP_MAX;
-}
 
 static void set_cost(xccl_cost_t *out, double steps, double bytes)
 {
@@ -58,9 +54,9 @@ static xccl_status_t alltoall_pairwise_progress(xccl_task_t *t)
         int to   = xccl_pat_pairwise_send_peer(rank, n, s);
         int from = xccl_pat_pairwise_recv_peer(rank, n, s);
         XCCL_CHECK(xccl_task_irecv(t, from, (char *)a->rbuf + (size_t)from * blk, blk,
-                                   step_clamp((uint64_t)s)));
+                                   xccl_pat_step_cap(t, (uint64_t)s)));
         XCCL_CHECK(xccl_task_isend(t, to, (const char *)a->sbuf + (size_t)to * blk, blk,
-                                   step_clamp((uint64_t)s)));
+                                   xccl_pat_step_cap(t, (uint64_t)s)));
     }
 }
 
@@ -213,7 +209,7 @@ static xccl_status_t alltoallv_pairwise_progress(xccl_task_t *t)
         int      to   = xccl_pat_pairwise_send_peer(rank, n, s);
         int      from = xccl_pat_pairwise_recv_peer(rank, n, s);
         size_t   rc = a->rcounts[from], sc = a->scounts[to];
-        uint32_t step = step_clamp((uint64_t)s);
+        uint32_t step = xccl_pat_step_cap(t, (uint64_t)s);
         XCCL_CHECK(xccl_task_irecv(t, from, piece(t, a->rbuf, a->rdispls[from], rc, el), rc * el,
                                    step));
         XCCL_CHECK(xccl_task_isend(t, to, piece(t, a->sbuf, a->sdispls[to], sc, el), sc * el,

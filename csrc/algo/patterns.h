@@ -158,6 +158,25 @@ static inline int xccl_pat_ring_nchunks(size_t block_bytes, size_t chunk_bytes, 
     return c < 1 ? 1 : (int)c;
 }
 
+/* `step` capped to the task's last step number (xccl_task_step_limit): for schedules whose
+ * later rounds may share the last step, since messages of one step between two ranks are
+ * matched in posting order. */
+static inline uint32_t xccl_pat_step_cap(const xccl_task_t *t, uint64_t step)
+{
+    uint32_t last = xccl_task_step_limit(t) - 1u;
+
+    return step < last ? (uint32_t)step : last;
+}
+
+/* `step` folded into the task's step range (xccl_task_step_limit). For ring schedules only: a
+ * rank sends only to its successor and receives only from its predecessor, both sides post in
+ * the same order, and messages of one step between two ranks match in posting order, so steps
+ * may repeat. */
+static inline uint32_t xccl_pat_step_wrap(const xccl_task_t *t, uint64_t step)
+{
+    return (uint32_t)(step % xccl_task_step_limit(t));
+}
+
 /* Posting and reducing that skip empty pieces: uneven blocks and chunks can be empty, and
  * both sides of a message skip it alike because both compute the same piece sizes. */
 static inline xccl_status_t xccl_pat_send_nz(xccl_task_t *t, int peer, const void *buf,

@@ -86,7 +86,7 @@ xccl_status_t xccl_ring_rs_post(const xccl_ring_rs_t *x, int s, int c)
     int         n = x->size, r = x->rank;
     int         sb = xccl_pat_ring_rs_send_block(r, n, s);
     int         rb = xccl_pat_ring_rs_recv_block(r, n, s);
-    uint32_t    step = xccl_pat_pipe_step(&x->pipe, s, c) & XCCL_STEP_MAX;
+    uint32_t    step = xccl_pat_step_wrap(x->t, xccl_pat_pipe_step(&x->pipe, s, c));
     size_t      soff, roff, scnt = xccl_ring_rs_chunk(x, sb, c, &soff);
     size_t      rcnt = xccl_ring_rs_chunk(x, rb, c, &roff);
     const char *src  = s == 0 || x->in_place ? x->in + soff * x->es : rs_stage(x, s - 1, c);

@@ -26,10 +26,6 @@
 /* Steps of the ring phase of scatter_allgather start here (tree rounds use 0..31). */
 #define RING_STEP_BASE 32u
 
-static uint32_t step_clamp(uint64_t step)
-{
-    return step < XCCL_STEP_MAX ? (uint32_t)step : XCCL_STEP_MAX;
-}
 
 /* Real rank of virtual rank vr. */
 static int real(const xccl_coll_args_t *a, int vr, int size)
@@ -220,7 +216,7 @@ static xccl_status_t bcast_sag_progress(xccl_task_t *t)
             int      rblk = xccl_pat_ring_ag_recv_block(vr, n, s);
             size_t   slen = xccl_pat_block_count(count, n, sblk);
             size_t   rlen = xccl_pat_block_count(count, n, rblk);
-            uint32_t step = step_clamp(RING_STEP_BASE + (uint64_t)s);
+            uint32_t step = xccl_pat_step_cap(t, RING_STEP_BASE + (uint64_t)s);
             if (rlen > 0 && !sag_holds(vr, rblk, n))
                 XCCL_CHECK(xccl_task_irecv(t, real(a, prev, n),
                                            buf + xccl_pat_block_off(count, n, rblk) * el,
@@ -245,14 +241,14 @@ static xccl_status_t bcast_sag_progress(xccl_task_t *t)
  * the vector once (linear puts n - 1 copies on the root's, binomial log2 n, van de Geijn
  * 2 (n-1)/n), which decides large vectors where every message costs CPU time at both ends.
  * Cost: C + n - 2 steps of one chunk. */
-static int chain_chunks(size_t nbytes, size_t elsize)
+static int chain_chunks(size_t nbytes, size_t elsize, uint32_t step_limit)
 {
-    return xccl_pat_ring_chunks_env(nbytes, elsize, 1, XCCL_STEP_MAX + 1u);
+    return xccl_pat_ring_chunks_env(nbytes, elsize, 1, step_limit);
 }
 
 static void bcast_chain_cost(int size, size_t nbytes, xccl_cost_t *out)
 {
-    double c = (double)chain_chunks(nbytes, 1);
+    double c = (double)chain_chunks(nbytes, 1, XCCL_STEP_MAX + 1u);
 
     if (size < 2 || nbytes == 0) {
         set_cost(out, 0, 0, 0);
@@ -272,7 +268,8 @@ static xccl_status_t bcast_chain_progress(xccl_task_t *t)
     xccl_status_t           st;
 
     if (n == 1 || count == 0 || el == 0) return XCCL_OK;
-    if (state[1] == 0) state[1] = (uint64_t)chain_chunks(count * el, el);
+    if (state[1] == 0)
+        state[1] = (uint64_t)chain_chunks(count * el, el, xccl_task_step_limit(t));
     for (;;) {
         uint64_t k, c = state[1];
         st = xccl_task_test(t);
@@ -409,7 +406,8 @@ static xccl_status_t reduce_linear_progress(xccl_task_t *t)
         if (rank != a->root) {
             if (p >= nchunks) return XCCL_OK;
             size_t len = p + 1 < nchunks ? chunk : a->count - p * chunk;
-            XCCL_CHECK(xccl_task_isend(t, a->root, sbuf + p * slot, len * el, step_clamp(p)));
+            XCCL_CHECK(xccl_task_isend(t, a->root, sbuf + p * slot, len * el,
+                                       xccl_pat_step_cap(t, p)));
             continue;
         }
         size_t c = p / 2, off = c * slot;
@@ -419,7 +417,7 @@ static xccl_status_t reduce_linear_progress(xccl_task_t *t)
             for (int peer = 0; peer < n; peer++) {
                 if (peer != rank)
                     XCCL_CHECK(xccl_task_irecv(t, peer, scr + (size_t)peer * slot, len * el,
-                                               step_clamp(c)));
+                                               xccl_pat_step_cap(t, c)));
             }
             continue;
         }

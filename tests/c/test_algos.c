@@ -1131,6 +1131,84 @@ static void test_sim_sub(void)
     sim_result_free(&res);
 }
 
+/* Every all_reduce and broadcast run as a sub-task over the ranks in reverse order, its steps
+ * offset and confined to a narrow span (chunked schedules must fit their chunks to it). */
+static const xccl_algo_t *wrapped;
+static const uint32_t     wrap_base = 7, wrap_span = 40;
+
+static xccl_status_t wrapper_progress(xccl_task_t *t)
+{
+    int map[MAXN], n = xccl_task_size(t);
+
+    for (int i = 0; i < n; i++) map[i] = n - 1 - i;
+    return xccl_task_sub(t, 0, wrapped, xccl_task_args(t), map, n, wrap_base, wrap_span);
+}
+
+static void test_as_subtask(void)
+{
+    static const int    ns[]     = {1, 2, 3, 5, 8};
+    static const size_t counts[] = {1, 37, 1000};
+    xccl_algo_t         wrapper  = {.name = "wrapper", .progress = wrapper_progress};
+
+    setenv(XCCL_PAT_RING_CHUNK_ENV, "64", 1);
+    for (int c = 0; c < 2; c++) {
+        xccl_coll_t               coll = c ? XCCL_COLL_BROADCAST : XCCL_COLL_ALLREDUCE;
+        const xccl_algo_t *const *list = xccl_algo_list(coll);
+        for (int k = 0; list[k] != NULL; k++)
+            for (size_t ni = 0; ni < sizeof(ns) / sizeof(ns[0]); ni++)
+                for (size_t ci = 0; ci < sizeof(counts) / sizeof(counts[0]); ci++) {
+                    int              n = ns[ni], root = n / 2, origin = n - 1 - root;
+                    size_t           count = counts[ci];
+                    int32_t         *buf[MAXN];
+                    xccl_coll_args_t args[MAXN];
+                    sim_result_t     res;
+                    char             what[128];
+
+                    snprintf(what, sizeof(what), "%s %s as a sub-task n=%d count=%zu",
+                             xccl_coll_name(coll), list[k]->name, n, count);
+                    wrapped      = list[k];
+                    wrapper.coll = coll;
+                    for (int r = 0; r < n; r++) {
+                        buf[r] = alloc_buf(count * 4, 0);
+                        for (size_t i = 0; i < count; i++)
+                            buf[r][i] = c && r != origin ? -1 : (int32_t)(r * 100 + (int)i);
+                        args[r] = (xccl_coll_args_t){.coll   = coll,
+                                                     .sbuf   = buf[r],
+                                                     .rbuf   = buf[r],
+                                                     .count  = count,
+                                                     .dtype  = XCCL_INT32,
+                                                     .elsize = 4,
+                                                     .op     = XCCL_OP_SUM,
+                                                     .root   = root};
+                    }
+                    if (list[k]->applicable != NULL && !list[k]->applicable(&args[0], n)) {
+                        for (int r = 0; r < n; r++) free(buf[r]);
+                        continue;
+                    }
+                    if (run(&wrapper, n, args, &res, what)) {
+                        for (int r = 0; r < n; r++)
+                            for (size_t i = 0; i < count; i++) {
+                                int32_t want = c ? origin * 100 + (int)i
+                                                 : 100 * n * (n - 1) / 2 + n * (int)i;
+                                if (buf[r][i] != want) {
+                                    CHECK_MSG(0, "%s: rank %d [%zu] = %d, want %d", what, r, i,
+                                              buf[r][i], want);
+                                    r = n;
+                                    break;
+                                }
+                            }
+                        for (size_t m = 0; m < res.nmsgs; m++)
+                            CHECK_MSG(res.msgs[m].step >= wrap_base &&
+                                          res.msgs[m].step < wrap_base + wrap_span,
+                                      "%s: step %u", what, res.msgs[m].step);
+                    }
+                    sim_result_free(&res);
+                    for (int r = 0; r < n; r++) free(buf[r]);
+                }
+    }
+    unsetenv(XCCL_PAT_RING_CHUNK_ENV);
+}
+
 static void test_sim(void)
 {
     xccl_algo_t      algo = {.name = "test", .coll = XCCL_COLL_BARRIER};
@@ -1535,6 +1613,7 @@ int main(void)
     test_patterns();
     test_sim();
     test_sim_sub();
+    test_as_subtask();
     test_registry();
     test_policy();
     test_select();
