@@ -382,6 +382,116 @@ def test_groups_and_device_mesh(tmp_path):
     assert run_spmd(body_groups, 4, _store(tmp_path), init=False, timeout=90) == [True] * 4
 
 
+def _engine_resources():
+    """(threads, sockets, shared-memory files mapped) of the calling process."""
+    threads = len(os.listdir("/proc/self/task"))
+    sockets = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            sockets += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+        except OSError:  # the fd listing itself, closed since
+            pass
+    with open("/proc/self/maps") as f:
+        shm = {line.split(None, 5)[5].strip() for line in f if "/dev/shm/" in line}
+    return threads, sockets, len(shm)
+
+
+def _member_groups(dist, size):
+    """Creates groups (every process calls new_group alike) so that this process is a member
+    of 21 torch groups, the default one and a 2-D DeviceMesh's two included; returns them."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    rank = dist.get_rank()
+    mine = [(dist.group.WORLD, list(range(size)))]
+    pairs = [[0, 1], [2, 3], [0, 3], [1, 2], [0, 2], [1, 3]]
+    for ranks in [list(range(size)), [0, 2], [1, 3], *pairs, [3, 2, 1, 0]] * 3:
+        g = dist.new_group(ranks)
+        if rank in ranks:
+            mine.append((g, sorted(ranks)))
+    mesh = init_device_mesh("cpu", (2, size // 2), mesh_dim_names=("dp", "tp"))
+    for dim in ("dp", "tp"):
+        g = mesh.get_group(dim)
+        mine.append((g, dist.get_process_group_ranks(g)))
+    return mine
+
+
+def body_one_context(rank, size, path):
+    torch.set_num_threads(1)  # no intra-op pool threads appearing among the counted ones
+    dist = _init(rank, size, path)
+    import xccl.torch
+
+    t = torch.ones(4)
+    dist.all_reduce(t, async_op=True).wait()  # the progress thread runs from here on
+    before = _engine_resources()
+    groups = _member_groups(dist, size)
+    assert len(groups) == 21, len(groups)
+    gen = torch.Generator().manual_seed(rank)
+    for k, (g, ranks) in enumerate(groups):
+        assert isinstance(g, xccl.torch.XcclProcessGroup), g
+        assert g.size() == len(ranks)
+        x = torch.randint(-1000, 1000, (257,), generator=gen, dtype=torch.int64)
+        everyone = [torch.zeros_like(x) for _ in range(size)]
+        dist.all_gather(everyone, x)  # the default group: each member's input, to check with
+        want = sum(everyone[r] for r in ranks) + k * len(ranks)
+        y = x + k
+        dist.all_reduce(y, group=g, async_op=(k % 2 == 1))
+        if k % 2 == 1:
+            dist.barrier(group=g)
+        assert torch.equal(y, want), (k, ranks)
+    after = _engine_resources()
+    # the 20 groups made after the default one opened no connection, mapped no segment and
+    # started no thread
+    assert after == before, (before, after)
+    # shutting the default group down first leaves the others working
+    sub = groups[1][0]
+    dist.group.WORLD.shutdown()
+    u = torch.full((3,), float(rank))
+    dist.all_reduce(u, group=sub)
+    assert u.tolist() == [float(sum(range(size)))] * 3
+    dist.destroy_process_group()
+    return before, after
+
+
+def body_groups_again(rank, size, path):
+    torch.set_num_threads(1)
+    import datetime
+
+    import torch.distributed as dist
+
+    import xccl.torch
+
+    bare = _engine_resources()
+    for round_no in range(2):  # groups made again after destroy_process_group + init
+        dist.init_process_group(
+            xccl.torch.BACKEND,
+            init_method=f"file://{path}.{round_no}",
+            rank=rank,
+            world_size=size,
+            timeout=datetime.timedelta(seconds=30),
+        )
+        groups = _member_groups(dist, size)
+        for k, (g, ranks) in enumerate(groups):
+            y = torch.full((5,), float(rank + k + round_no))
+            dist.all_reduce(y, group=g)
+            assert y.tolist() == [float(sum(ranks) + len(ranks) * (k + round_no))] * 5
+        # some subgroups go first, in an order of their own
+        for g, _ in groups[-1:0:-3]:
+            dist.destroy_process_group(g)
+        dist.destroy_process_group()
+        threads, sockets, shm = _engine_resources()
+        # everything the engine held is released (threads end asynchronously: not counted)
+        assert (sockets, shm) == bare[1:], (bare, (threads, sockets, shm))
+    return True
+
+
+def test_groups_share_one_context(tmp_path):
+    res = run_spmd(body_one_context, 4, _store(tmp_path), init=False, timeout=120)
+    for before, _ in res:
+        assert before[1] > 0 or before[2] > 0  # the default group did connect
+    res = run_spmd(body_groups_again, 4, _store(tmp_path), init=False, timeout=120)
+    assert res == [True] * 4
+
+
 # ---------------------------------------------------------------------------------------------
 # Work and futures
 # ---------------------------------------------------------------------------------------------
