@@ -408,6 +408,56 @@ def test_one_call_waits_for_a_late_peer():
     assert run_spmd(body_late_peer, 2, timeout=60) == [True] * 2
 
 
+def body_large_post_without_gil(rank, size):
+    """A large out-of-place all_reduce starts by copying sendbuf into recvbuf (64 MiB here);
+    the post must not hold the GIL meanwhile. Rank 0 posts while a second thread counts. The
+    switch interval is set longer than the test, so the interpreter never hands the GIL over
+    on its own: the counter can only advance during a post that releases it (the counter
+    gives it back at every step). Events are counted, not timed; of several posts, one
+    suffices (a loaded machine may not schedule the counter within a given copy)."""
+    import sys
+    import threading
+    import time
+
+    import xccl as dist
+    from xccl import _C
+
+    comm = dist.group.WORLD.comm
+    n = 16 << 20
+    s = np.full(n, rank + 1, np.float32)
+    r = np.zeros(n, np.float32)
+    ticks, stop = [0], threading.Event()
+
+    def count():
+        while not stop.is_set():
+            ticks[0] += 1
+            time.sleep(0)  # releases the GIL
+
+    ran = []
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1000.0)
+    counter = threading.Thread(target=count)
+    counter.start()
+    try:
+        for k in range(5):
+            r[:] = -1.0
+            before = ticks[0]
+            w = comm.allreduce(s, r, _C.OPS["sum"])
+            ran.append(ticks[0] - before)
+            w.wait()
+            assert (r == float(size * (size + 1) // 2)).all(), k
+    finally:
+        stop.set()
+        counter.join()
+        sys.setswitchinterval(old)
+    return ran
+
+
+def test_large_post_releases_the_gil():
+    ran = run_spmd(body_large_post_without_gil, 2, timeout=120)
+    assert max(ran[0]) > 0, ran
+
+
 def body_grad_and_futures(rank, size):
     """Tensors that require grad, torch future chaining (DDP comm-hook style), many
     outstanding async operations completed out of order."""
