@@ -789,7 +789,7 @@ def test_wait_is_interruptible(comm):
         t0 = time.monotonic()
         with pytest.raises(Interrupted):
             w.wait()
-        assert time.monotonic() - t0 < 2.0
+        assert time.monotonic() - t0 < 8.0  # the signal, not the communicator's 10 s timeout
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)

@@ -591,8 +591,10 @@ def body_errors(rank, size, path):
             assert "Timeout" in str(exc) or "timed out" in str(exc) or "deadline" in str(exc)
         dist.group.WORLD.abort()
         assert w.is_completed()
+        dist.distributed_c10d._get_default_store().set("rank 0 done", b"1")
         return mismatch
-    time.sleep(4.0)  # rank 1 stays away, then leaves without a word
+    # rank 1 stays away until rank 0 is done, then leaves without a word
+    dist.distributed_c10d._get_default_store().wait(["rank 0 done"], datetime.timedelta(60))
     os._exit(0)
 
 
@@ -643,9 +645,10 @@ def body_monitored_barrier(rank, size, path):
             raise AssertionError("monitored_barrier without rank 1 returned")
         except dist.DistBackendError as exc:
             assert "1" in str(exc), str(exc)
+        dist.distributed_c10d._get_default_store().set("rank 0 done", b"1")
         pg.abort()
         return True
-    time.sleep(3.0)
+    dist.distributed_c10d._get_default_store().wait(["rank 0 done"], datetime.timedelta(60))
     os._exit(0)
 
 
