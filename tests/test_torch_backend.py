@@ -484,6 +484,54 @@ def body_groups_again(rank, size, path):
     return True
 
 
+def body_contexts_agreed(rank, size, path):
+    """xccl groups under a gloo default group: the first makes a context, a later group of
+    its members splits it; after rank 0 alone shut that group down (and with it its use of
+    the context), the members of a new group disagree and create a new context together."""
+    torch.set_num_threads(1)
+    import datetime
+
+    import torch.distributed as dist
+
+    import xccl.torch
+
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{path}",
+        rank=rank,
+        world_size=size,
+        timeout=datetime.timedelta(seconds=30),
+    )
+    everyone = list(range(size))
+    first = dist.new_group(everyone, backend=xccl.torch.BACKEND)
+    t = torch.full((3,), float(rank))
+    dist.all_reduce(t, group=first, async_op=True).wait()
+    before = _engine_resources()
+    pair = dist.new_group([0, 1], backend=xccl.torch.BACKEND)
+    if rank in (0, 1):
+        assert pair._context is first._context
+        u = torch.full((2,), float(rank + 1))
+        dist.all_reduce(u, group=pair)
+        assert u.tolist() == [3.0, 3.0]
+    assert _engine_resources() == before  # a split: no connection, segment or thread
+    if rank in (0, 1):
+        dist.destroy_process_group(pair)
+    if rank == 0:
+        dist.destroy_process_group(first)  # rank 0's context is gone; the others keep theirs
+    again = dist.new_group(everyone, backend=xccl.torch.BACKEND)
+    assert again._context is not first._context
+    v = torch.full((4,), float(rank))
+    dist.all_reduce(v, group=again)
+    assert v.tolist() == [float(sum(everyone))] * 4
+    dist.destroy_process_group()
+    return True
+
+
+def test_groups_agree_on_their_context(tmp_path):
+    res = run_spmd(body_contexts_agreed, 4, _store(tmp_path), init=False, timeout=120)
+    assert res == [True] * 4
+
+
 def test_groups_share_one_context(tmp_path):
     res = run_spmd(body_one_context, 4, _store(tmp_path), init=False, timeout=120)
     for before, _ in res:

@@ -1091,7 +1091,12 @@ def _create(backend_opts: Any, pg_options: Any = None) -> XcclProcessGroup:
                 root = _C.Comm(store, rank, size, seconds, None, _env.auth_key(), name)
                 context = _Context(root, ranks)
                 _contexts.append(context)
-            comm = context.split(ranks, name)
+            try:
+                comm = context.split(ranks, name)
+            except BaseException:
+                if context.uses == 0:  # made for this group: nothing else will release it
+                    context.retire()
+                raise
     except _C.XcclError as exc:
         raise _translate(exc, creating=True) from None
     return XcclProcessGroup(comm, ranks, group_id, seconds, context)
