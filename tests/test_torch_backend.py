@@ -532,11 +532,14 @@ def test_groups_agree_on_their_context(tmp_path):
     assert res == [True] * 4
 
 
-def test_groups_share_one_context(tmp_path):
-    res = run_spmd(body_one_context, 4, _store(tmp_path), init=False, timeout=120)
+@pytest.mark.parametrize("transports", ["shm,tcp", "tcp"])
+def test_groups_share_one_context(tmp_path, transports):
+    env = {"XCCL_TRANSPORTS": transports}
+    res = run_spmd(body_one_context, 4, _store(tmp_path), init=False, timeout=120, env=env)
     for before, _ in res:
-        assert before[1] > 0 or before[2] > 0  # the default group did connect
-    res = run_spmd(body_groups_again, 4, _store(tmp_path), init=False, timeout=120)
+        # the default group did connect: a socket per peer over tcp, else shared memory
+        assert before[1] >= 3 if transports == "tcp" else before[1] > 0 or before[2] > 0
+    res = run_spmd(body_groups_again, 4, _store(tmp_path), init=False, timeout=120, env=env)
     assert res == [True] * 4
 
 
