@@ -1,7 +1,11 @@
 """Build script: one C extension, ``xccl._C``, from csrc/ and backends/.
 
-CUDA and libibverbs backends are compiled only when their headers are present; they load the
-libraries at run time (dlopen), so the module imports and its CPU paths work without them.
+What is built: the C engine (csrc/core, csrc/algo), the CPython extension (csrc/pyext) and the
+two transports that exist, tcp and shm (backends/tcp, backends/shm). There is no CUDA or
+libibverbs backend yet; the module needs only libc, libdl and libm, and moves CPU memory only.
+
+Environment: ``XCCL_WERROR=0`` builds without -Werror; ``XCCL_SANITIZE=1`` builds with
+AddressSanitizer and UndefinedBehaviorSanitizer.
 """
 
 import glob

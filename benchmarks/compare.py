@@ -83,8 +83,7 @@ FULL_SIZES = "8,64,512,4K,32K,256K,1M,4M,16M,64M,256M"
 QUICK_SIZES = "8,4K,256K,4M,16M"
 BIG = 64 << 20  # the size of the summary's bandwidth table
 
-# xccl-bench without its console script (python -m xccl.bench would do too, with a warning
-# from runpy: the xccl package imports xccl.bench itself).
+# xccl-bench without its console script (the same as python -m xccl.bench).
 XCCL_BENCH = [sys.executable, "-c", "import sys; from xccl.bench import main; sys.exit(main())"]
 
 

@@ -1,7 +1,7 @@
 """pytest configuration for the xccl test suite.
 
-- markers: ``slow``, ``cuda`` (skipped without a CUDA device), ``ibverbs`` (skipped without an
-  RDMA device);
+- the session stops at once, as a usage error, when the extension ``xccl._C`` does not import:
+  a broken build fails the suite instead of skipping the modules that need it;
 - the ``spmd`` fixture: :func:`harness.run_spmd`, for tests that prefer fixtures to imports;
 - a process-leak check: after every test, no process started during the test may still run
   (a test that leaves one fails in teardown, and the process is killed); at the end of the
@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import signal
 import time
@@ -23,41 +24,13 @@ LEAK_GRACE_S = 3.0
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    for line in (
-        "slow: takes more than a few seconds",
-        "cuda: needs a CUDA device (skipped when torch sees none)",
-        "ibverbs: needs an RDMA device (skipped when /sys/class/infiniband is empty)",
-    ):
-        config.addinivalue_line("markers", line)
-
-
-def _have_cuda() -> bool:
     try:
-        import torch
-
-        return bool(torch.cuda.is_available())
-    except ImportError:
-        return False
-
-
-def _have_ibverbs() -> bool:
-    try:
-        return bool(os.listdir("/sys/class/infiniband"))
-    except OSError:
-        return False
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    checks = {"cuda": _have_cuda, "ibverbs": _have_ibverbs}
-    found: dict[str, bool] = {}
-    for item in items:
-        for name, check in checks.items():
-            if item.get_closest_marker(name) is None:
-                continue
-            if name not in found:
-                found[name] = check()
-            if not found[name]:
-                item.add_marker(pytest.mark.skip(reason=f"no {name} device on this machine"))
+        importlib.import_module("xccl._C")
+    except Exception as exc:  # ImportError, or whatever a broken module raises on import
+        raise pytest.UsageError(
+            f"the xccl extension does not import ({type(exc).__name__}: {exc}); build it "
+            "(python setup.py build_ext --inplace) and put python/ on PYTHONPATH"
+        ) from exc
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

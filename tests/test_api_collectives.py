@@ -408,6 +408,118 @@ def test_one_call_waits_for_a_late_peer():
     assert run_spmd(body_late_peer, 2, timeout=60) == [True] * 2
 
 
+def body_large_post_without_gil(rank, size):
+    """A large out-of-place all_reduce starts by copying sendbuf into recvbuf (64 MiB here);
+    the post must not hold the GIL meanwhile. Rank 0 posts while a second thread counts. The
+    switch interval is set longer than the test, so the interpreter never hands the GIL over
+    on its own: the counter can only advance during a post that releases it (the counter
+    gives it back at every step). Events are counted, not timed; of several posts, one
+    suffices (a loaded machine may not schedule the counter within a given copy)."""
+    import sys
+    import threading
+    import time
+
+    import xccl as dist
+    from xccl import _C
+
+    comm = dist.group.WORLD.comm
+    n = 16 << 20
+    s = np.full(n, rank + 1, np.float32)
+    r = np.zeros(n, np.float32)
+    ticks, stop = [0], threading.Event()
+
+    def count():
+        while not stop.is_set():
+            ticks[0] += 1
+            time.sleep(0)  # releases the GIL
+
+    ran = []
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1000.0)
+    counter = threading.Thread(target=count)
+    counter.start()
+    try:
+        for k in range(5):
+            r[:] = -1.0
+            before = ticks[0]
+            w = comm.allreduce(s, r, _C.OPS["sum"])
+            ran.append(ticks[0] - before)
+            w.wait()
+            assert (r == float(size * (size + 1) // 2)).all(), k
+    finally:
+        stop.set()
+        counter.join()
+        sys.setswitchinterval(old)
+    return ran
+
+
+def test_large_post_releases_the_gil():
+    ran = run_spmd(body_large_post_without_gil, 2, timeout=120)
+    assert max(ran[0]) > 0, ran
+
+
+BITWISE_COUNT = 100_003  # chunks of unequal sizes for every group size below
+
+
+def _bitwise_data(rank):
+    """Rank `rank`'s input: float32 of magnitudes spread over six decades, so that sums taken
+    in different orders round differently."""
+    rng = np.random.default_rng(1234 + rank)
+    mag = 10.0 ** rng.uniform(-3, 3, BITWISE_COUNT)
+    return (rng.standard_normal(BITWISE_COUNT) * mag).astype(np.float32)
+
+
+def body_bitwise(rank, size, store_path, hosts, algos):
+    """all_reduce of random float32 with each algorithm that claims the same bits on every
+    rank; returns every rank's result bits (gathered) and this rank's result."""
+    import os
+
+    os.environ["XCCL_HOST_ID"] = hosts[rank]
+    import xccl as dist
+
+    dist.init_process_group(
+        "auto", init_method=f"file://{store_path}", rank=rank, world_size=size, timeout=60
+    )
+    out = {}
+    for algo in algos:
+        x = _bitwise_data(rank)
+        w = dist.all_reduce(x, algo=algo, async_op=True)
+        w.wait()
+        assert w.algo == algo, (w.algo, algo)
+        bits = [np.empty(BITWISE_COUNT, np.int32) for _ in range(size)]
+        dist.all_gather(bits, x.view(np.int32))  # the result's bits, as integers
+        out[algo] = (x, bits)
+    dist.destroy_process_group()
+    return out
+
+
+@pytest.mark.parametrize(
+    "hosts,algos",
+    [
+        (["a"] * 3, ["ring", "rd", "rabenseifner", "direct", "owner"]),
+        (["a"] * 4, ["ring", "rd", "rabenseifner", "direct", "owner"]),
+        (["a", "b", "a", "b", "a"], ["hier", "ring", "rabenseifner"]),
+    ],
+)
+def test_all_reduce_same_bits_on_every_rank(tmp_path, hosts, algos):
+    """Random float32 data, different per rank: every rank's result has the same bits, and
+    it is the float64 sum within float32 rounding of the partial sums."""
+    size = len(hosts)
+    res = run_spmd(body_bitwise, size, str(tmp_path / "store"), hosts, algos, init=False)
+    inputs = np.stack([_bitwise_data(r).astype(np.float64) for r in range(size)])
+    want = inputs.sum(axis=0)
+    # each of the size-1 additions rounds once, by at most half an ulp of its partial sum
+    bound = (size - 1) * np.finfo(np.float32).eps * np.abs(inputs).sum(axis=0)
+    for algo in algos:
+        for rank, out in enumerate(res):
+            x, bits = out[algo]
+            for r in range(size):
+                assert np.array_equal(bits[r], bits[0]), (algo, rank, r)
+            assert np.array_equal(x.view(np.int32), bits[rank]), (algo, rank)
+            err = np.abs(x.astype(np.float64) - want)
+            assert (err <= bound).all(), (algo, rank, float((err / bound).max()))
+
+
 def body_grad_and_futures(rank, size):
     """Tensors that require grad, torch future chaining (DDP comm-hook style), many
     outstanding async operations completed out of order."""

@@ -382,6 +382,167 @@ def test_groups_and_device_mesh(tmp_path):
     assert run_spmd(body_groups, 4, _store(tmp_path), init=False, timeout=90) == [True] * 4
 
 
+def _engine_resources():
+    """(threads, sockets, shared-memory files mapped) of the calling process."""
+    threads = len(os.listdir("/proc/self/task"))
+    sockets = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            sockets += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+        except OSError:  # the fd listing itself, closed since
+            pass
+    with open("/proc/self/maps") as f:
+        shm = {line.split(None, 5)[5].strip() for line in f if "/dev/shm/" in line}
+    return threads, sockets, len(shm)
+
+
+def _member_groups(dist, size):
+    """Creates groups (every process calls new_group alike) so that this process is a member
+    of 21 torch groups, the default one and a 2-D DeviceMesh's two included; returns them."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    rank = dist.get_rank()
+    mine = [(dist.group.WORLD, list(range(size)))]
+    pairs = [[0, 1], [2, 3], [0, 3], [1, 2], [0, 2], [1, 3]]
+    for ranks in [list(range(size)), [0, 2], [1, 3], *pairs, [3, 2, 1, 0]] * 3:
+        g = dist.new_group(ranks)
+        if rank in ranks:
+            mine.append((g, sorted(ranks)))
+    mesh = init_device_mesh("cpu", (2, size // 2), mesh_dim_names=("dp", "tp"))
+    for dim in ("dp", "tp"):
+        g = mesh.get_group(dim)
+        mine.append((g, dist.get_process_group_ranks(g)))
+    return mine
+
+
+def body_one_context(rank, size, path):
+    torch.set_num_threads(1)  # no intra-op pool threads appearing among the counted ones
+    dist = _init(rank, size, path)
+    import xccl.torch
+
+    t = torch.ones(4)
+    dist.all_reduce(t, async_op=True).wait()  # the progress thread runs from here on
+    before = _engine_resources()
+    groups = _member_groups(dist, size)
+    assert len(groups) == 21, len(groups)
+    gen = torch.Generator().manual_seed(rank)
+    for k, (g, ranks) in enumerate(groups):
+        assert isinstance(g, xccl.torch.XcclProcessGroup), g
+        assert g.size() == len(ranks)
+        x = torch.randint(-1000, 1000, (257,), generator=gen, dtype=torch.int64)
+        everyone = [torch.zeros_like(x) for _ in range(size)]
+        dist.all_gather(everyone, x)  # the default group: each member's input, to check with
+        want = sum(everyone[r] for r in ranks) + k * len(ranks)
+        y = x + k
+        dist.all_reduce(y, group=g, async_op=(k % 2 == 1))
+        if k % 2 == 1:
+            dist.barrier(group=g)
+        assert torch.equal(y, want), (k, ranks)
+    after = _engine_resources()
+    # the 20 groups made after the default one opened no connection, mapped no segment and
+    # started no thread
+    assert after == before, (before, after)
+    # shutting the default group down first leaves the others working
+    sub = groups[1][0]
+    dist.group.WORLD.shutdown()
+    u = torch.full((3,), float(rank))
+    dist.all_reduce(u, group=sub)
+    assert u.tolist() == [float(sum(range(size)))] * 3
+    dist.destroy_process_group()
+    return before, after
+
+
+def body_groups_again(rank, size, path):
+    torch.set_num_threads(1)
+    import datetime
+
+    import torch.distributed as dist
+
+    import xccl.torch
+
+    bare = _engine_resources()
+    for round_no in range(2):  # groups made again after destroy_process_group + init
+        dist.init_process_group(
+            xccl.torch.BACKEND,
+            init_method=f"file://{path}.{round_no}",
+            rank=rank,
+            world_size=size,
+            timeout=datetime.timedelta(seconds=30),
+        )
+        groups = _member_groups(dist, size)
+        for k, (g, ranks) in enumerate(groups):
+            y = torch.full((5,), float(rank + k + round_no))
+            dist.all_reduce(y, group=g)
+            assert y.tolist() == [float(sum(ranks) + len(ranks) * (k + round_no))] * 5
+        # some subgroups go first, in an order of their own
+        for g, _ in groups[-1:0:-3]:
+            dist.destroy_process_group(g)
+        dist.destroy_process_group()
+        threads, sockets, shm = _engine_resources()
+        # everything the engine held is released (threads end asynchronously: not counted)
+        assert (sockets, shm) == bare[1:], (bare, (threads, sockets, shm))
+    return True
+
+
+def body_contexts_agreed(rank, size, path):
+    """xccl groups under a gloo default group: the first makes a context, a later group of
+    its members splits it; after rank 0 alone shut that group down (and with it its use of
+    the context), the members of a new group disagree and create a new context together."""
+    torch.set_num_threads(1)
+    import datetime
+
+    import torch.distributed as dist
+
+    import xccl.torch
+
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{path}",
+        rank=rank,
+        world_size=size,
+        timeout=datetime.timedelta(seconds=30),
+    )
+    everyone = list(range(size))
+    first = dist.new_group(everyone, backend=xccl.torch.BACKEND)
+    t = torch.full((3,), float(rank))
+    dist.all_reduce(t, group=first, async_op=True).wait()
+    before = _engine_resources()
+    pair = dist.new_group([0, 1], backend=xccl.torch.BACKEND)
+    if rank in (0, 1):
+        assert pair._context is first._context
+        u = torch.full((2,), float(rank + 1))
+        dist.all_reduce(u, group=pair)
+        assert u.tolist() == [3.0, 3.0]
+    assert _engine_resources() == before  # a split: no connection, segment or thread
+    if rank in (0, 1):
+        dist.destroy_process_group(pair)
+    if rank == 0:
+        dist.destroy_process_group(first)  # rank 0's context is gone; the others keep theirs
+    again = dist.new_group(everyone, backend=xccl.torch.BACKEND)
+    assert again._context is not first._context
+    v = torch.full((4,), float(rank))
+    dist.all_reduce(v, group=again)
+    assert v.tolist() == [float(sum(everyone))] * 4
+    dist.destroy_process_group()
+    return True
+
+
+def test_groups_agree_on_their_context(tmp_path):
+    res = run_spmd(body_contexts_agreed, 4, _store(tmp_path), init=False, timeout=120)
+    assert res == [True] * 4
+
+
+@pytest.mark.parametrize("transports", ["shm,tcp", "tcp"])
+def test_groups_share_one_context(tmp_path, transports):
+    env = {"XCCL_TRANSPORTS": transports}
+    res = run_spmd(body_one_context, 4, _store(tmp_path), init=False, timeout=120, env=env)
+    for before, _ in res:
+        # the default group did connect: a socket per peer over tcp, else shared memory
+        assert before[1] >= 3 if transports == "tcp" else before[1] > 0 or before[2] > 0
+    res = run_spmd(body_groups_again, 4, _store(tmp_path), init=False, timeout=120, env=env)
+    assert res == [True] * 4
+
+
 # ---------------------------------------------------------------------------------------------
 # Work and futures
 # ---------------------------------------------------------------------------------------------
@@ -481,8 +642,10 @@ def body_errors(rank, size, path):
             assert "Timeout" in str(exc) or "timed out" in str(exc) or "deadline" in str(exc)
         dist.group.WORLD.abort()
         assert w.is_completed()
+        dist.distributed_c10d._get_default_store().set("rank 0 done", b"1")
         return mismatch
-    time.sleep(4.0)  # rank 1 stays away, then leaves without a word
+    # rank 1 stays away until rank 0 is done, then leaves without a word
+    dist.distributed_c10d._get_default_store().wait(["rank 0 done"], datetime.timedelta(60))
     os._exit(0)
 
 
@@ -533,9 +696,10 @@ def body_monitored_barrier(rank, size, path):
             raise AssertionError("monitored_barrier without rank 1 returned")
         except dist.DistBackendError as exc:
             assert "1" in str(exc), str(exc)
+        dist.distributed_c10d._get_default_store().set("rank 0 done", b"1")
         pg.abort()
         return True
-    time.sleep(3.0)
+    dist.distributed_c10d._get_default_store().wait(["rank 0 done"], datetime.timedelta(60))
     os._exit(0)
 
 

@@ -326,14 +326,36 @@ def test_fit_recovers_alpha_and_beta():
     assert m.rel_error == pytest.approx(0.0, abs=1e-9) and m.source == "fit"
     res = BenchResult(rows)
     assert set(res.fit()) == {"shm"}
-    assert res.crossovers()["predicted"] == crossovers("all_reduce", P, m, ["ring", "rd"],
-                                                        lo=64, hi=1 << 20)
+    # where the fitted model's cheapest algorithm changes, checked against its predictions
+    # on either side
+    predicted = res.crossovers()["predicted"]
+    assert predicted, "ring and rd cross between 64 B and 1 MiB"
+    for n, below, above in predicted:
+        rows_at = res.predicted(sizes=[n - 1, n])
+        best = {size: min((r for r in rows_at if r["size"] == size),
+                          key=lambda r: r["predicted_s"])["algo"] for size in (n - 1, n)}
+        assert (best[n - 1], best[n]) == (below, above), (n, best)
     pytest.importorskip("matplotlib")
     import matplotlib
 
     matplotlib.use("Agg")
     ax = res.plot()
     assert "measured vs predicted" in ax.get_title()
+
+
+def test_measured_crossovers():
+    """The measured crossovers come from the times alone: where the fastest algorithm changes
+    between two measured sizes, at their geometric mean (here rd, rd, ring, rd)."""
+    times = {"rd": [1.0, 2.0, 9.0, 30.0], "ring": [3.0, 4.0, 5.0, 40.0]}
+    sizes = [64, 4096, 1 << 16, 1 << 20]
+    rows = [{"op": "all_reduce", "size": n, "algo": algo, "nranks": P, "time": t * 1e-6,
+             "transport": "tcp", "algbw": 0.0, "busbw": 0.0, "dtype": "float32",
+             "count": n // 4, "iters": 1}
+            for algo, ts in times.items() for n, t in zip(sizes, ts, strict=True)]
+    res = BenchResult(rows).crossovers(model=Model.default())
+    assert res["measured"] == [(16384, "rd", "ring"), (262144, "ring", "rd")]
+    one = BenchResult([r for r in rows if r["algo"] == "rd"]).crossovers(model=Model.default())
+    assert one == {"predicted": [], "measured": []}
 
 
 def test_bench_runs_and_reports_tidy_rows():

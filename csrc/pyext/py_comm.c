@@ -4,10 +4,10 @@
  *
  * Every operation takes its buffers through the DLPack consumer, checks that their sizes and
  * dtypes agree for this operation (the C library checks again; we give messages in the
- * caller's terms), posts with the GIL held (posting never blocks) and returns a Work that owns
- * the buffers. Communicator creation and destruction run with the GIL released: creation talks
- * to the store (whose callbacks may need the GIL) and destruction fails pending operations,
- * whose completion callbacks take the GIL.
+ * caller's terms), posts (the GIL released for large buffers, see nogil_begin) and returns a
+ * Work that owns the buffers. Communicator creation and destruction run with the GIL released:
+ * creation talks to the store (whose callbacks may need the GIL) and destruction fails pending
+ * operations, whose completion callbacks take the GIL.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -166,6 +166,17 @@ static int check_rank(xccl_py_comm_t *self, const char *opname, const char *what
     return -1;
 }
 
+/* A thread that used `comm` with the GIL released is back (holding the GIL): the last one
+ * frees a communicator destroy() left to it. */
+static void leave_busy(xccl_py_comm_t *self)
+{
+    xccl_comm_t *comm = self->doomed;
+
+    if (--self->busy > 0 || comm == NULL) return;
+    self->doomed = NULL;
+    dispose(comm);
+}
+
 static PyObject *comm_destroy(xccl_py_comm_t *self, PyObject *unused)
 {
     xccl_comm_t *comm = self->comm;
@@ -190,11 +201,7 @@ static PyObject *comm_abort(xccl_py_comm_t *self, PyObject *unused)
     Py_BEGIN_ALLOW_THREADS
     xccl_comm_abort(comm);
     Py_END_ALLOW_THREADS
-    if (--self->busy == 0 && self->doomed != NULL) {
-        comm         = self->doomed;
-        self->doomed = NULL;
-        dispose(comm);
-    }
+    leave_busy(self);
     Py_RETURN_NONE;
 }
 
@@ -363,11 +370,44 @@ static xccl_py_tensor_t *take(call_t *c, int i, PyObject *obj, int flags, const 
 }
 
 /* Called right before posting: taking the buffers ran Python code (__dlpack__), during which
- * another thread may have destroyed the communicator. From here on no Python code runs until
- * the post returns. */
+ * another thread may have destroyed the communicator. From here on this thread runs no Python
+ * code until the post returns (other threads may, while a large post has the GIL released). */
 static int ready(call_t *c, xccl_py_comm_t *self)
 {
     return (c->comm = alive(self, c->opname)) == NULL ? -1 : 0;
+}
+
+/* Posts of at least this many bytes run with the GIL released. A post starts the operation
+ * at once, and that start may copy a whole buffer (an out-of-place all_reduce copies sendbuf
+ * into recvbuf, then reduces in place; a shared-memory send copies into the segment); other
+ * Python threads must not stall behind it. Smaller posts keep the GIL: releasing it is cheap,
+ * but taking it back from a busy thread can cost a whole switch interval. */
+#define POST_NOGIL_BYTES ((size_t)1 << 20)
+
+static size_t nbytes_of(const xccl_py_tensor_t *t)
+{
+    return t != NULL ? t->count * xccl_dtype_size(t->dtype) : 0;
+}
+
+/* Before a post of buffers `a` and `b` (either may be NULL): releases the GIL when the larger
+ * is big, and returns the thread state to give to nogil_end (NULL: the GIL stays held). While
+ * it is released another thread may destroy() the communicator: `busy` makes it leave the
+ * freeing to nogil_end, so the post's `comm` stays valid. */
+static PyThreadState *nogil_begin(xccl_py_comm_t *self, const xccl_py_tensor_t *a,
+                                  const xccl_py_tensor_t *b)
+{
+    size_t na = nbytes_of(a), nb = nbytes_of(b);
+
+    if ((na > nb ? na : nb) < POST_NOGIL_BYTES) return NULL;
+    self->busy++;
+    return PyEval_SaveThread();
+}
+
+static void nogil_end(xccl_py_comm_t *self, PyThreadState *ts)
+{
+    if (ts == NULL) return;
+    PyEval_RestoreThread(ts);
+    leave_busy(self);
 }
 
 /* Finishes a call: on success the Work is returned, otherwise it is dropped (its buffers are
@@ -471,6 +511,7 @@ static PyObject *comm_isend(xccl_py_comm_t *self, PyObject *args, PyObject *kwds
     xccl_py_tensor_t *t;
     xccl_work_t      *w = NULL;
     xccl_status_t     st;
+    PyThreadState    *ts;
 
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "Oi|L:isend", kwlist, &buf, &peer, &tag))
         return NULL;
@@ -483,8 +524,10 @@ static PyObject *comm_isend(xccl_py_comm_t *self, PyObject *args, PyObject *kwds
     }
     if ((t = take(&c, 0, buf, 0, "buf")) == NULL) return call_fail(&c);
     if (ready(&c, self) < 0) return call_fail(&c);
+    ts = nogil_begin(self, t, NULL);
     st = xccl_isend(c.comm, t->data, t->count * xccl_dtype_size(t->dtype), peer, (uint32_t)tag,
                     &w);
+    nogil_end(self, ts);
     return call_end(&c, st, w);
 }
 
@@ -498,6 +541,7 @@ static PyObject *comm_irecv(xccl_py_comm_t *self, PyObject *args, PyObject *kwds
     xccl_py_tensor_t *t;
     xccl_work_t      *w = NULL;
     xccl_status_t     st;
+    PyThreadState    *ts;
 
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|iL:irecv", kwlist, &buf, &peer, &tag))
         return NULL;
@@ -511,8 +555,10 @@ static PyObject *comm_irecv(xccl_py_comm_t *self, PyObject *args, PyObject *kwds
     }
     if ((t = take(&c, 0, buf, XCCL_PY_BUF_OUTPUT, "buf")) == NULL) return call_fail(&c);
     if (ready(&c, self) < 0) return call_fail(&c);
+    ts = nogil_begin(self, t, NULL);
     st = xccl_irecv(c.comm, t->data, t->count * xccl_dtype_size(t->dtype), peer, (uint32_t)tag,
                     &w);
+    nogil_end(self, ts);
     return call_end(&c, st, w);
 }
 
@@ -528,6 +574,7 @@ static PyObject *comm_allreduce(xccl_py_comm_t *self, PyObject *args, PyObject *
     xccl_py_tensor_t *s, *r;
     xccl_work_t      *w = NULL;
     xccl_status_t     st;
+    PyThreadState    *ts;
 
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOi|dzO:allreduce", kwlist, &sobj, &robj, &op,
                                      &premul, &algo, &timeout)) {
@@ -540,7 +587,9 @@ static PyObject *comm_allreduce(xccl_py_comm_t *self, PyObject *args, PyObject *
         return call_fail(&c);
     }
     if (ready(&c, self) < 0) return call_fail(&c);
+    ts = nogil_begin(self, s, r);
     st = xccl_allreduce(c.comm, s->data, r->data, s->count, s->dtype, (xccl_op_t)op, &c.opts, &w);
+    nogil_end(self, ts);
     return call_end(&c, st, w);
 }
 
@@ -628,6 +677,7 @@ static PyObject *one_buf_now(xccl_py_comm_t *self, PyObject *const *args, Py_ssi
     xccl_py_tensor_t *t;
     xccl_work_t      *w = NULL;
     xccl_status_t     st;
+    PyThreadState    *ts;
     long              arg = 0;
     int               flags, rc;
 
@@ -642,9 +692,11 @@ static PyObject *one_buf_now(xccl_py_comm_t *self, PyObject *const *args, Py_ssi
     t     = take(&c, 0, args[0], flags, bcast ? "buf" : "sendbuf/recvbuf");
     if (t == NULL || (!bcast && check_op(&c, (int)arg, t->dtype) < 0)) return now_decline(&c);
     if (ready(&c, self) < 0) return call_fail(&c);
+    ts = nogil_begin(self, t, NULL);
     st = bcast ? xccl_broadcast(c.comm, t->data, t->count, t->dtype, (int)arg, &c.opts, &w)
                : xccl_allreduce(c.comm, t->data, t->data, t->count, t->dtype, (xccl_op_t)arg,
                                 &c.opts, &w);
+    nogil_end(self, ts);
     return now_wait(&c, st, w, 0);
 }
 
@@ -679,6 +731,7 @@ static PyObject *pair_now(xccl_py_comm_t *self, PyObject *const *args, Py_ssize_
     xccl_work_t      *w  = NULL;
     long              op = 0;
     xccl_status_t     st;
+    PyThreadState    *ts;
 
     if (nargs != want) {
         PyErr_Format(PyExc_TypeError, "%s takes %d arguments", pair_now_sig[coll], (int)want);
@@ -696,6 +749,7 @@ static PyObject *pair_now(xccl_py_comm_t *self, PyObject *const *args, Py_ssize_
         (coll == PAIR_ALLTOALL && (s->rows < 0 || s->rows % self->size != 0)))
         return now_decline(&c);
     if (ready(&c, self) < 0) return call_fail(&c);
+    ts = nogil_begin(self, s, r);
     if (coll == PAIR_ALLGATHER)
         st = xccl_allgather(c.comm, s->data, r->data, s->count, s->dtype, &c.opts, &w);
     else if (rs)
@@ -704,6 +758,7 @@ static PyObject *pair_now(xccl_py_comm_t *self, PyObject *const *args, Py_ssize_
     else
         st = xccl_alltoall(c.comm, s->data, r->data, s->count / (size_t)self->size, s->dtype,
                            &c.opts, &w);
+    nogil_end(self, ts);
     return now_wait(&c, st, w, 0);
 }
 
@@ -732,6 +787,7 @@ static PyObject *p2p_now(xccl_py_comm_t *self, PyObject *const *args, Py_ssize_t
     xccl_py_tensor_t *t;
     xccl_work_t      *w = NULL;
     xccl_status_t     st;
+    PyThreadState    *ts;
     long              peer = 0, tag = 0;
     size_t            nbytes;
     int               rc = now_ints(args, nargs, recv ? "recv_now(buf, peer, tag)"
@@ -744,9 +800,11 @@ static PyObject *p2p_now(xccl_py_comm_t *self, PyObject *const *args, Py_ssize_t
     t = take(&c, 0, args[0], (recv ? XCCL_PY_BUF_OUTPUT : 0) | XCCL_PY_BUF_NO_CAPSULE, "buf");
     if (t == NULL) return now_decline(&c);
     if (ready(&c, self) < 0) return call_fail(&c);
+    ts = nogil_begin(self, t, NULL);
     nbytes = t->count * xccl_dtype_size(t->dtype);
     st     = recv ? xccl_irecv(c.comm, t->data, nbytes, (int)peer, (uint32_t)tag, &w)
                   : xccl_isend(c.comm, t->data, nbytes, (int)peer, (uint32_t)tag, &w);
+    nogil_end(self, ts);
     return now_wait(&c, st, w, recv);
 }
 
@@ -770,6 +828,7 @@ static PyObject *comm_broadcast(xccl_py_comm_t *self, PyObject *args, PyObject *
     xccl_py_tensor_t *t;
     xccl_work_t      *w = NULL;
     xccl_status_t     st;
+    PyThreadState    *ts;
 
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "Oi|zO:broadcast", kwlist, &buf, &root, &algo,
                                      &timeout)) {
@@ -781,7 +840,9 @@ static PyObject *comm_broadcast(xccl_py_comm_t *self, PyObject *args, PyObject *
     t = take(&c, 0, buf, root == self->rank ? 0 : XCCL_PY_BUF_OUTPUT, "buf");
     if (t == NULL) return call_fail(&c);
     if (ready(&c, self) < 0) return call_fail(&c);
+    ts = nogil_begin(self, t, NULL);
     st = xccl_broadcast(c.comm, t->data, t->count, t->dtype, root, &c.opts, &w);
+    nogil_end(self, ts);
     return call_end(&c, st, w);
 }
 
@@ -797,6 +858,7 @@ static PyObject *comm_reduce(xccl_py_comm_t *self, PyObject *args, PyObject *kwd
     xccl_py_tensor_t *s, *r;
     xccl_work_t      *w = NULL;
     xccl_status_t     st;
+    PyThreadState    *ts;
 
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOii|dzO:reduce", kwlist, &sobj, &robj, &op,
                                      &root, &premul, &algo, &timeout)) {
@@ -820,8 +882,10 @@ static PyObject *comm_reduce(xccl_py_comm_t *self, PyObject *args, PyObject *kwd
     }
     if (check_op(&c, op, s->dtype) < 0) return call_fail(&c);
     if (ready(&c, self) < 0) return call_fail(&c);
+    ts = nogil_begin(self, s, r);
     st = xccl_reduce(c.comm, s->data, r != NULL ? r->data : NULL, s->count, s->dtype,
                      (xccl_op_t)op, root, &c.opts, &w);
+    nogil_end(self, ts);
     return call_end(&c, st, w);
 }
 
@@ -834,6 +898,7 @@ static PyObject *comm_allgather(xccl_py_comm_t *self, PyObject *args, PyObject *
     xccl_py_tensor_t *s, *r;
     xccl_work_t      *w = NULL;
     xccl_status_t     st;
+    PyThreadState    *ts;
 
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|zO:allgather", kwlist, &sobj, &robj, &algo,
                                      &timeout)) {
@@ -844,7 +909,9 @@ static PyObject *comm_allgather(xccl_py_comm_t *self, PyObject *args, PyObject *
         pair_checks(&c, PAIR_ALLGATHER, self->size, s, r, 0) < 0)
         return call_fail(&c);
     if (ready(&c, self) < 0) return call_fail(&c);
+    ts = nogil_begin(self, s, r);
     st = xccl_allgather(c.comm, s->data, r->data, s->count, s->dtype, &c.opts, &w);
+    nogil_end(self, ts);
     return call_end(&c, st, w);
 }
 
@@ -858,6 +925,7 @@ static PyObject *comm_gather(xccl_py_comm_t *self, PyObject *args, PyObject *kwd
     xccl_py_tensor_t *s, *r;
     xccl_work_t      *w = NULL;
     xccl_status_t     st;
+    PyThreadState    *ts;
 
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOi|zO:gather", kwlist, &sobj, &robj, &root,
                                      &algo, &timeout)) {
@@ -878,8 +946,10 @@ static PyObject *comm_gather(xccl_py_comm_t *self, PyObject *args, PyObject *kwd
         return call_fail(&c);
     }
     if (ready(&c, self) < 0) return call_fail(&c);
+    ts = nogil_begin(self, s, r);
     st = xccl_gather(c.comm, s->data, r != NULL ? r->data : NULL, s->count, s->dtype, root,
                      &c.opts, &w);
+    nogil_end(self, ts);
     return call_end(&c, st, w);
 }
 
@@ -893,6 +963,7 @@ static PyObject *comm_scatter(xccl_py_comm_t *self, PyObject *args, PyObject *kw
     xccl_py_tensor_t *s, *r;
     xccl_work_t      *w = NULL;
     xccl_status_t     st;
+    PyThreadState    *ts;
 
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOi|zO:scatter", kwlist, &sobj, &robj, &root,
                                      &algo, &timeout)) {
@@ -914,8 +985,10 @@ static PyObject *comm_scatter(xccl_py_comm_t *self, PyObject *args, PyObject *kw
         return call_fail(&c);
     }
     if (ready(&c, self) < 0) return call_fail(&c);
+    ts = nogil_begin(self, s, r);
     st = xccl_scatter(c.comm, s != NULL ? s->data : NULL, r->data, r->count, r->dtype, root,
                       &c.opts, &w);
+    nogil_end(self, ts);
     return call_end(&c, st, w);
 }
 
@@ -930,6 +1003,7 @@ static PyObject *comm_reduce_scatter(xccl_py_comm_t *self, PyObject *args, PyObj
     xccl_py_tensor_t *s, *r;
     xccl_work_t      *w = NULL;
     xccl_status_t     st;
+    PyThreadState    *ts;
 
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOi|dzO:reduce_scatter", kwlist, &sobj, &robj,
                                      &op, &premul, &algo, &timeout)) {
@@ -940,8 +1014,10 @@ static PyObject *comm_reduce_scatter(xccl_py_comm_t *self, PyObject *args, PyObj
         pair_checks(&c, PAIR_REDUCE_SCATTER, self->size, s, r, op) < 0)
         return call_fail(&c);
     if (ready(&c, self) < 0) return call_fail(&c);
+    ts = nogil_begin(self, s, r);
     st = xccl_reduce_scatter(c.comm, s->data, r->data, r->count, r->dtype, (xccl_op_t)op, &c.opts,
                              &w);
+    nogil_end(self, ts);
     return call_end(&c, st, w);
 }
 
@@ -954,6 +1030,7 @@ static PyObject *comm_alltoall(xccl_py_comm_t *self, PyObject *args, PyObject *k
     xccl_py_tensor_t *s, *r;
     xccl_work_t      *w = NULL;
     xccl_status_t     st;
+    PyThreadState    *ts;
 
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|zO:alltoall", kwlist, &sobj, &robj, &algo,
                                      &timeout)) {
@@ -964,8 +1041,10 @@ static PyObject *comm_alltoall(xccl_py_comm_t *self, PyObject *args, PyObject *k
         pair_checks(&c, PAIR_ALLTOALL, self->size, s, r, 0) < 0)
         return call_fail(&c);
     if (ready(&c, self) < 0) return call_fail(&c);
+    ts = nogil_begin(self, s, r);
     st = xccl_alltoall(c.comm, s->data, r->data, s->count / (size_t)self->size, s->dtype, &c.opts,
                        &w);
+    nogil_end(self, ts);
     return call_end(&c, st, w);
 }
 
@@ -1026,6 +1105,7 @@ static PyObject *comm_alltoallv(xccl_py_comm_t *self, PyObject *args, PyObject *
     size_t            n = (size_t)self->size;
     xccl_work_t      *w = NULL;
     xccl_status_t     st;
+    PyThreadState    *ts;
 
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOO|zO:alltoallv", kwlist, &sobj, &sc, &sd,
                                      &robj, &rc, &rd, &algo, &timeout)) {
@@ -1048,8 +1128,10 @@ static PyObject *comm_alltoallv(xccl_py_comm_t *self, PyObject *args, PyObject *
         return call_fail(&c);
     }
     if (ready(&c, self) < 0) return call_fail(&c);
+    ts = nogil_begin(self, s, r);
     st = xccl_alltoallv(c.comm, s->data, v, v + n, r->data, v + 2 * n, v + 3 * n, s->dtype,
                         &c.opts, &w);
+    nogil_end(self, ts);
     return call_end(&c, st, w);
 }
 

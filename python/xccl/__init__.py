@@ -42,18 +42,16 @@ _private = (
 )
 
 
-# --- teaching and observability (xccl.launch, trace, debug, explain, bench) -----------------
-# xccl.launch, xccl.trace and xccl.bench are functions, named like modules of this package
-# (xccl/launch.py, xccl/trace.py, and xccl/bench.py: the nccl-tests-like command line,
-# `python -m xccl.bench`). launch and trace are imported before their names are bound to the
-# functions: Python sets a package attribute only when it first loads a submodule, so no later
-# import can put the module back in the function's place. xccl/bench.py is not imported here
-# (`python -m` would warn that it was loaded twice); once imported it replaces the attribute
-# with itself, a module that is callable as the function (see its end).
+# --- teaching and observability (xccl.launch, trace, debug, explain, teach) ----------------
+# xccl.launch and xccl.trace are functions named like modules of this package (xccl/launch.py,
+# xccl/trace.py). Both are imported before their names are bound to the functions: Python sets
+# a package attribute only when it first loads a submodule, so no later import can put the
+# module back in the function's place. xccl.bench is the command-line module (xccl-bench,
+# `python -m xccl.bench`), not imported here; the teaching benchmark is xccl.teach.bench.
 from . import debug, teach  # noqa: E402
 from .launch import LaunchError, LaunchTimeoutError, launch  # noqa: E402
-from .teach import Model, bench, explain  # noqa: E402
+from .teach import Model, explain  # noqa: E402
 from .trace import Trace, trace  # noqa: E402
 
-__all__ += ["LaunchError", "LaunchTimeoutError", "Model", "Trace", "bench", "debug", "explain",
-            "launch", "teach", "trace"]
+__all__ += ["LaunchError", "LaunchTimeoutError", "Model", "Trace", "debug", "explain", "launch",
+            "teach", "trace"]

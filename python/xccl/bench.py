@@ -65,15 +65,13 @@ import subprocess
 import sys
 import tempfile
 import time
-import types
 from collections.abc import Callable, Sequence
 from typing import Any, Optional, TextIO
 
 PROG = "xccl-bench"
 VERSION = "0.1.0"
 _COMMAND_VAR = "_XCCL_BENCH_COMMAND"  # private: the spawning command, for the header
-# What spawned ranks run. Not ``-m xccl.bench``: the package imports this module itself, so
-# runpy would warn that it runs a module that is already imported.
+# What spawned ranks run (the same as ``python -m xccl.bench``).
 _RANK_MAIN = "import sys; from xccl.bench import main; sys.exit(main())"
 
 # --------------------------------------------------------------------------------------------
@@ -1348,18 +1346,5 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return status
 
 
-class _CallableModule(types.ModuleType):
-    """This module once imported: ``import xccl.bench`` binds it to the package attribute
-    ``xccl.bench``, which is the teaching function :func:`xccl.teach.bench`; calling the module
-    runs that function, so the attribute behaves the same whichever Python bound last."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from .teach import bench as bench_fn
-
-        return bench_fn(*args, **kwargs)
-
-
 if __name__ == "__main__":
     sys.exit(main())
-else:
-    sys.modules[__name__].__class__ = _CallableModule

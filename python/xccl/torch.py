@@ -10,7 +10,9 @@ The backend is registered under the name :data:`BACKEND` (``"xcclc"``), not ``"x
 torch >= 2.7 owns ``"xccl"`` for Intel's XPU backend and handles that name before it looks at
 third-party backends, so ``init_process_group("xccl")`` can never reach this module.
 ``new_group``, ``init_device_mesh`` and DeviceMesh subgroups made under this backend run on
-xccl too (every group gets its own xccl communicator).
+xccl too: each group is an xccl communicator split from the one xccl context the default
+group created, so a process has one progress thread and one connection per peer however
+many groups it makes.
 
 How it plugs in: :func:`torch.distributed.Backend.register_backend` (extended API) calls
 :func:`_create` once per group on its members; it returns a :class:`XcclProcessGroup`, a
@@ -451,9 +453,11 @@ class XcclProcessGroup(dist.ProcessGroup):
         global_ranks: Sequence[int],
         group_id: str,
         timeout: float,
+        context: Optional[_Context] = None,
     ) -> None:
         super().__init__(comm.rank, comm.size)
         self._comm: Optional[_C.Comm] = comm
+        self._context = context  # holds a use of the shared xccl context; dropped by shutdown
         self._global_ranks = list(global_ranks)
         self._group_id = group_id
         self._group_name = group_id
@@ -507,6 +511,12 @@ class XcclProcessGroup(dist.ProcessGroup):
             f"size={super().size()}{state}>"
         )
 
+    def _op_seconds(self, opts: Any) -> float:
+        """The deadline of an operation: ``opts.timeout`` when set, else the group's (the
+        communicator's own default is the context's, which may differ)."""
+        seconds = _seconds(opts.timeout) if opts is not None else None
+        return self._timeout_s if seconds is None else seconds
+
     def _post(self, fn: Callable[[], _C.Work]) -> _C.Work:
         try:
             return fn()
@@ -554,7 +564,7 @@ class XcclProcessGroup(dist.ProcessGroup):
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> XcclWork:
         """Reduces each tensor across the group in place (``opts.reduceOp``)."""
         opts = opts if opts is not None else dist.AllreduceOptions()
-        comm, seconds = self.comm, _seconds(opts.timeout)
+        comm, seconds = self.comm, self._op_seconds(opts)
         op, premul = _reduce_op(opts.reduceOp)
         finishes: list[Finish] = []
         bufs = [_inplace(t, finishes) for t in tensors]
@@ -564,7 +574,7 @@ class XcclProcessGroup(dist.ProcessGroup):
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> XcclWork:
         """Reduces all `tensors` (one dtype) as one flat buffer: a single xccl operation."""
         opts = opts if opts is not None else dist.AllreduceCoalescedOptions()
-        comm, seconds = self.comm, _seconds(opts.timeout)
+        comm, seconds = self.comm, self._op_seconds(opts)
         op, premul = _reduce_op(opts.reduceOp)
         finishes: list[Finish] = []
         if not tensors:
@@ -578,7 +588,7 @@ class XcclProcessGroup(dist.ProcessGroup):
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> XcclWork:
         """Copies each tensor of group rank ``opts.rootRank`` into the others' tensors."""
         opts = opts if opts is not None else dist.BroadcastOptions()
-        comm, seconds, root = self.comm, _seconds(opts.timeout), opts.rootRank
+        comm, seconds, root = self.comm, self._op_seconds(opts), opts.rootRank
         finishes: list[Finish] = []
         if comm.rank == root:
             bufs = [_src(t) for t in tensors]
@@ -590,7 +600,7 @@ class XcclProcessGroup(dist.ProcessGroup):
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> XcclWork:
         """Reduces each tensor into the tensor of group rank ``opts.rootRank``."""
         opts = opts if opts is not None else dist.ReduceOptions()
-        comm, seconds, root = self.comm, _seconds(opts.timeout), opts.rootRank
+        comm, seconds, root = self.comm, self._op_seconds(opts), opts.rootRank
         op, premul = _reduce_op(opts.reduceOp)
         finishes: list[Finish] = []
         if comm.rank == root:
@@ -610,7 +620,7 @@ class XcclProcessGroup(dist.ProcessGroup):
         opts: Any = None,
     ) -> XcclWork:
         """Concatenates every rank's `input` in rank order into `output`."""
-        seconds = _seconds(opts.timeout) if opts is not None else None
+        seconds = self._op_seconds(opts)
         comm = self.comm
         _check_numel(output, comm.size * input.numel(), "all_gather output")
         finishes: list[Finish] = []
@@ -623,7 +633,7 @@ class XcclProcessGroup(dist.ProcessGroup):
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> XcclWork:
         """``all_gather_single`` of each (output, input) pair."""
-        seconds = _seconds(opts.timeout) if opts is not None else None
+        seconds = self._op_seconds(opts)
         comm = self.comm
         if len(outputs) != len(inputs):
             raise ValueError("xccl backend: as many outputs as inputs expected")
@@ -646,7 +656,7 @@ class XcclProcessGroup(dist.ProcessGroup):
         """Reduces `input` (``size`` blocks of ``output.numel()``) across the group; rank r
         receives the reduction of block r."""
         opts = opts if opts is not None else dist.ReduceScatterOptions()
-        comm, seconds = self.comm, _seconds(opts.timeout)
+        comm, seconds = self.comm, self._op_seconds(opts)
         op, premul = _reduce_op(opts.reduceOp)
         _check_numel(input, comm.size * output.numel(), "reduce_scatter input")
         finishes: list[Finish] = []
@@ -664,7 +674,7 @@ class XcclProcessGroup(dist.ProcessGroup):
     ) -> XcclWork:
         """``reduce_scatter_single`` of each (output, input) pair."""
         opts = opts if opts is not None else dist.ReduceScatterOptions()
-        comm, seconds = self.comm, _seconds(opts.timeout)
+        comm, seconds = self.comm, self._op_seconds(opts)
         op, premul = _reduce_op(opts.reduceOp)
         if len(outputs) != len(inputs):
             raise ValueError("xccl backend: as many outputs as inputs expected")
@@ -690,7 +700,7 @@ class XcclProcessGroup(dist.ProcessGroup):
     ) -> XcclWork:
         """Splits `input` along dim 0 (evenly when the split lists are empty), sends piece j
         to rank j, and concatenates the received pieces in rank order into `output`."""
-        seconds = _seconds(opts.timeout) if opts is not None else None
+        seconds = self._op_seconds(opts)
         comm = self.comm
         n = comm.size
         finishes: list[Finish] = []
@@ -711,7 +721,7 @@ class XcclProcessGroup(dist.ProcessGroup):
 
     def barrier(self, opts: Any = None) -> XcclWork:
         """Completes once every rank of the group has entered it (``opts.timeout``)."""
-        seconds = _seconds(opts.timeout) if opts is not None else None
+        seconds = self._op_seconds(opts)
         comm = self.comm
         return self._work([lambda: comm.barrier(timeout=seconds)], [])
 
@@ -725,7 +735,7 @@ class XcclProcessGroup(dist.ProcessGroup):
     ) -> XcclWork:
         """Gathers every rank's ``input_tensors[i]`` into ``output_tensors[i]`` (one tensor
         per rank, in rank order)."""
-        seconds = _seconds(opts.timeout) if opts is not None else None
+        seconds = self._op_seconds(opts)
         comm = self.comm
         n = comm.size
         if len(output_tensors) != len(input_tensors):
@@ -757,7 +767,7 @@ class XcclProcessGroup(dist.ProcessGroup):
     ) -> XcclWork:
         """Gathers every rank's `input_list` at once: ``output_lists[r][i]`` receives rank
         r's ``input_list[i]``. One xccl operation when all tensors share a dtype."""
-        seconds = _seconds(opts.timeout) if opts is not None else None
+        seconds = self._op_seconds(opts)
         comm = self.comm
         n = comm.size
         if len(output_lists) != n:
@@ -795,7 +805,7 @@ class XcclProcessGroup(dist.ProcessGroup):
         """Gathers every rank's ``input_tensors[0]`` into ``output_tensors[0]`` (one tensor
         per rank) of group rank ``opts.rootRank``; other ranks pass no outputs."""
         opts = opts if opts is not None else dist.GatherOptions()
-        comm, seconds, root = self.comm, _seconds(opts.timeout), opts.rootRank
+        comm, seconds, root = self.comm, self._op_seconds(opts), opts.rootRank
         if len(input_tensors) != 1:
             raise ValueError("xccl backend: gather takes exactly one input tensor")
         src = _src(input_tensors[0], "input")
@@ -826,7 +836,7 @@ class XcclProcessGroup(dist.ProcessGroup):
         """Sends ``input_tensors[0][r]`` of group rank ``opts.rootRank`` into
         ``output_tensors[0]`` of rank r; other ranks pass no inputs."""
         opts = opts if opts is not None else dist.ScatterOptions()
-        comm, seconds, root = self.comm, _seconds(opts.timeout), opts.rootRank
+        comm, seconds, root = self.comm, self._op_seconds(opts), opts.rootRank
         if len(output_tensors) != 1:
             raise ValueError("xccl backend: scatter takes exactly one output tensor")
         out = output_tensors[0]
@@ -859,7 +869,7 @@ class XcclProcessGroup(dist.ProcessGroup):
         rank r. Blocks of different sizes (a "reduce_scatter_v") run as an all-reduce of
         the whole list, of which each rank keeps its block."""
         opts = opts if opts is not None else dist.ReduceScatterOptions()
-        comm, seconds = self.comm, _seconds(opts.timeout)
+        comm, seconds = self.comm, self._op_seconds(opts)
         op, premul = _reduce_op(opts.reduceOp)
         n, me = comm.size, comm.rank
         if len(output_tensors) != len(input_tensors):
@@ -894,7 +904,7 @@ class XcclProcessGroup(dist.ProcessGroup):
     ) -> XcclWork:
         """Sends ``input_tensors[j]`` to rank j and receives rank i's piece into
         ``output_tensors[i]``; pieces may differ in size."""
-        seconds = _seconds(opts.timeout) if opts is not None else None
+        seconds = self._op_seconds(opts)
         comm = self.comm
         n = comm.size
         if len(output_tensors) != n or len(input_tensors) != n:
@@ -956,10 +966,13 @@ class XcclProcessGroup(dist.ProcessGroup):
         operations fail. Idempotent."""
         comm, self._comm = self._comm, None
         mb, self._mb_group = self._mb_group, None
+        context, self._context = self._context, None
         if mb is not None and mb._ctl is not None:
             mb._ctl.destroy()
         if comm is not None:
             comm.destroy()
+        if context is not None:
+            context.release()
 
     def abort(self) -> None:
         """Aborts the communicator: pending operations fail at once. Idempotent."""
@@ -974,24 +987,119 @@ class XcclProcessGroup(dist.ProcessGroup):
 # ---------------------------------------------------------------------------------------------
 
 
+class _Context:
+    """One xccl context (connections, shared-memory segments, progress thread) shared by the
+    torch groups of this process that run on it.
+
+    `root` is the communicator the context was created with, over the global ranks `ranks`
+    (in root-rank order). No group uses it directly: every group, the one that created the
+    context included, is a split of it, and a split keeps the context alive after its
+    parent is destroyed, so torch may shut groups down in any order. `uses` counts the
+    groups not yet shut down; the root is destroyed when it drops to zero or when a new
+    default group supersedes the context, and the context goes with its last split.
+    Everything here is guarded by ``_contexts_lock``.
+    """
+
+    def __init__(self, root: _C.Comm, ranks: Sequence[int]) -> None:
+        self.root: Optional[_C.Comm] = root
+        self.index = {g: i for i, g in enumerate(ranks)}
+        self.token = f"{root.id:016x}"  # the same on every member, unique per context
+        self.uses = 0
+
+    def covers(self, ranks: Sequence[int]) -> bool:
+        return all(g in self.index for g in ranks)
+
+    def split(self, ranks: Sequence[int], name: str) -> _C.Comm:
+        assert self.root is not None
+        comm = self.root.split([self.index[g] for g in ranks], name)
+        self.uses += 1
+        return comm
+
+    def retire(self) -> None:
+        """Takes no more groups: the root goes, the groups made so far stay valid."""
+        if self in _contexts:
+            _contexts.remove(self)
+        root, self.root = self.root, None
+        if root is not None:
+            root.destroy()
+
+    def release(self) -> None:
+        """A group of this context was shut down."""
+        with _contexts_lock:
+            self.uses -= 1
+            if self.uses == 0:
+                self.retire()
+
+
+# Contexts that new subgroups may be split from, oldest first.
+_contexts: list[_Context] = []
+_contexts_lock = threading.Lock()
+
+
+def _agreed_context(store: Any, rank: int, size: int, ranks: Sequence[int]) -> Optional[_Context]:
+    """The newest context covering `ranks` if every member of the new group has that same
+    context, else None (then the members create a new one together).
+
+    Members can differ, e.g. when one process shut a group down and its peers did not, so
+    each publishes its candidate under the group's store prefix and all decide alike. The
+    round number comes from a counter, as the engine's bootstrap does, so that a store
+    reused after destroy_process_group holds no stale answers."""
+    candidate = next((c for c in reversed(_contexts) if c.covers(ranks)), None)
+    token = candidate.token if candidate is not None else "-"
+    if size == 1:
+        return candidate
+    round_no = (int(store.add("xccl_torch/round", 1)) - 1) // size
+    keys = [f"xccl_torch/r{round_no}/{r}" for r in range(size)]
+    store.set(keys[rank], token)
+    multi_get = getattr(store, "multi_get", None)
+    values = multi_get(keys) if multi_get is not None else [store.get(k) for k in keys]
+    tokens = [bytes(v).decode() for v in values]
+    if candidate is None or any(t != token for t in tokens):
+        return None
+    return candidate
+
+
 def _create(backend_opts: Any, pg_options: Any = None) -> XcclProcessGroup:
     """The creator torch calls (extended API) once per group, on the group's members.
 
     `backend_opts` is a ``_DistributedBackendOptions``: ``store`` (torch's PrefixStore,
     unique per group and device), ``group_rank``, ``group_size``, ``timeout``
     (timedelta), ``group_id`` and ``global_ranks_in_group`` (empty for the default
-    group). `pg_options` (``init_process_group(pg_options=)``) is not used."""
+    group). `pg_options` (``init_process_group(pg_options=)``) is not used.
+
+    The default group creates a new xccl context (connecting to every peer); later groups
+    are splits of it, which exchange nothing and open no connection. A group whose
+    members do not all share a context covering them (the default group runs on another
+    backend, or members disagree) creates a context of its own, over its members."""
     del pg_options
     rank, size = int(backend_opts.group_rank), int(backend_opts.group_size)
     seconds = _seconds(backend_opts.timeout) or _env.default_timeout()
     group_id = str(backend_opts.group_id)
-    ranks = list(backend_opts.global_ranks_in_group) or list(range(size))
+    given = [int(g) for g in backend_opts.global_ranks_in_group]
+    ranks = given or list(range(size))
+    name = f"torch:{group_id}"
     try:
-        store = _C.Store.custom(backend_opts.store, seconds)
-        comm = _C.Comm(store, rank, size, seconds, None, _env.auth_key(), f"torch:{group_id}")
+        with _contexts_lock:
+            context = None
+            if not given:  # a new default group: earlier contexts take no more groups
+                for old in list(_contexts):
+                    old.retire()
+            else:
+                context = _agreed_context(backend_opts.store, rank, size, ranks)
+            if context is None:
+                store = _C.Store.custom(backend_opts.store, seconds)
+                root = _C.Comm(store, rank, size, seconds, None, _env.auth_key(), name)
+                context = _Context(root, ranks)
+                _contexts.append(context)
+            try:
+                comm = context.split(ranks, name)
+            except BaseException:
+                if context.uses == 0:  # made for this group: nothing else will release it
+                    context.retire()
+                raise
     except _C.XcclError as exc:
         raise _translate(exc, creating=True) from None
-    return XcclProcessGroup(comm, ranks, group_id, seconds)
+    return XcclProcessGroup(comm, ranks, group_id, seconds, context)
 
 
 def is_registered() -> bool:

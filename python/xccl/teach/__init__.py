@@ -2,7 +2,7 @@
 pictures of traces, schedules and buffers.
 
     xccl.explain("all_reduce", 1 << 20, size=8)     # predicted cost of every algorithm
-    r = xccl.bench("all_reduce", algos=["ring", "rd"], nprocs=4)
+    r = xccl.teach.bench("all_reduce", algos=["ring", "rd"], nprocs=4)
     r.fit(); r.plot()                                # α, β per transport; measured vs model
 
 ``python -m xccl.teach.figures --out docs/img`` draws the README's pictures.

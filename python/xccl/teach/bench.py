@@ -1,7 +1,7 @@
-"""``xccl.bench``: measure collectives per algorithm and size, fit α and β, compare with the
-model.
+"""``xccl.teach.bench``: measure collectives per algorithm and size, fit α and β, compare with
+the model. (``xccl.bench`` is the nccl-tests-like command line, ``python -m xccl.bench``.)
 
-    r = xccl.bench("all_reduce", [2**k for k in range(4, 23, 2)], ["ring", "rd"], nprocs=4)
+    r = xccl.teach.bench("all_reduce", [2**k for k in range(4, 23, 2)], ["ring", "rd"], nprocs=4)
     r                     # a table; r is also a list of tidy rows (dicts)
     r.fit()               # {"shm": Model(alpha=..., beta=..., gamma=...)}
     r.plot()              # measured (points) against the fitted model (lines), crossover marked
