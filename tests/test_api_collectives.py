@@ -498,7 +498,8 @@ def body_bitwise(rank, size, store_path, hosts, algos):
     [
         (["a"] * 3, ["ring", "rd", "rabenseifner", "direct", "owner"]),
         (["a"] * 4, ["ring", "rd", "rabenseifner", "direct", "owner"]),
-        (["a", "b", "a", "b", "a"], ["hier", "ring", "rabenseifner"]),
+        (["a", "b", "a", "b", "a"], ["hier", "hier_rs", "ring", "rabenseifner"]),
+        (["a", "a", "b", "b"], ["hier", "hier_rs"]),
     ],
 )
 def test_all_reduce_same_bits_on_every_rank(tmp_path, hosts, algos):
