@@ -89,6 +89,7 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -214,6 +215,7 @@ struct xccl_tp_ctx {
     shm_send_t    *free_sends;
 
     int            wake_fd;  /* our wake socket (see Waiting); -1: none              */
+    int            poke_held; /* holds a use of the process's poke socket            */
     int            pollable; /* every peer reaches it: wait_arm may hand it out      */
 
     _Atomic uint32_t seen_bell; /* bell value at the start of the last progress pass */
@@ -246,22 +248,28 @@ static socklen_t shm_wake_addr(struct sockaddr_un *a, uint64_t job_id, int rank,
     return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
 }
 
-/* This process's socket for sending wake datagrams: made once, kept until exit (shared by
- * every context and thread; sendto on one socket needs no lock). */
-static _Atomic int shm_poke_sock = -1;
+/* This process's socket for sending wake datagrams: shared by every shm context of the process
+ * (sendto on one socket needs no lock), made by the first context and closed with the last. */
+static _Atomic int      shm_poke_sock  = -1;
+static int              shm_poke_users = 0;
+static pthread_mutex_t  shm_poke_lock  = PTHREAD_MUTEX_INITIALIZER;
 
-static int shm_poke_socket(void)
+static void shm_poke_hold(void)
 {
-    int fd = atomic_load_explicit(&shm_poke_sock, memory_order_acquire), none = -1;
+    pthread_mutex_lock(&shm_poke_lock);
+    if (shm_poke_users++ == 0)
+        atomic_store(&shm_poke_sock, socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+    pthread_mutex_unlock(&shm_poke_lock);
+}
 
-    if (fd >= 0) return fd;
-    fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) return -1;
-    if (!atomic_compare_exchange_strong(&shm_poke_sock, &none, fd)) {
-        close(fd); /* another thread made it first */
-        fd = none;
+static void shm_poke_drop(void)
+{
+    pthread_mutex_lock(&shm_poke_lock);
+    if (--shm_poke_users == 0) {
+        int fd = atomic_exchange(&shm_poke_sock, -1);
+        if (fd >= 0) close(fd);
     }
-    return fd;
+    pthread_mutex_unlock(&shm_poke_lock);
 }
 
 /* Sends the owner of `h` a wake datagram. 0 when it is (or already was: a full queue) woken. */
@@ -269,7 +277,7 @@ static int shm_poke(const shm_seg_hdr_t *h)
 {
     struct sockaddr_un a;
     socklen_t          len = shm_wake_addr(&a, h->job_id, h->rank, h->pid);
-    int                fd  = shm_poke_socket();
+    int                fd  = atomic_load_explicit(&shm_poke_sock, memory_order_relaxed);
 
     if (fd < 0) return -1;
     if (sendto(fd, "", 0, MSG_DONTWAIT | MSG_NOSIGNAL, (struct sockaddr *)&a, len) == 0 ||
@@ -1309,6 +1317,7 @@ static void shm_finalize(xccl_tp_ctx_t *ctx)
     if (ctx->seg != NULL) munmap(ctx->seg, (size_t)ctx->seg_bytes);
     if (ctx->fd >= 0) close(ctx->fd); /* drops our OFD lock */
     if (ctx->wake_fd >= 0) close(ctx->wake_fd);
+    if (ctx->poke_held) shm_poke_drop();
     free(ctx->peers);
     free(ctx->up_list);
     free(ctx->pfds);
@@ -1438,6 +1447,8 @@ static xccl_status_t shm_init(const xccl_tp_init_params_t *params, xccl_tp_ctx_t
     {
         /* the wake socket exists before peers can attach (they test it then) */
         struct sockaddr_un a;
+        shm_poke_hold();
+        ctx->poke_held = 1;
         socklen_t          alen = shm_wake_addr(&a, ctx->job_id, ctx->rank, (int32_t)getpid());
         ctx->wake_fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
         if (ctx->wake_fd < 0 || bind(ctx->wake_fd, (struct sockaddr *)&a, alen) != 0) {
