@@ -242,8 +242,8 @@ void xccl_task_scratch_return(xccl_task_t *t, int reuse)
 
 static xccl_work_t *find_coll(xccl_comm_t *comm, uint64_t seq)
 {
-    for (xccl_work_t *w = comm->ctx->active_head; w != NULL; w = w->next) {
-        if (w->comm == comm && w->kind == WORK_COLL && w->seq == seq) return w;
+    for (xccl_work_t *w = comm->works_head; w != NULL; w = w->cm_next) {
+        if (w->kind == WORK_COLL && w->seq == seq) return w;
     }
     return NULL;
 }

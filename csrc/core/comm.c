@@ -134,19 +134,8 @@ xccl_status_t xccl_comm_split(xccl_comm_t *parent, int nranks, const int *ranks,
 
 void xccl_comm_fail_all(xccl_comm_t *comm, xccl_status_t st, const char *why)
 {
-    xccl_ctx_t *ctx = comm->ctx;
-    int         again;
-
-    do {
-        again = 0;
-        for (xccl_work_t *w = ctx->active_head; w != NULL; w = w->next) {
-            if (w->comm == comm) {
-                xccl_work_finish(w, st, why);
-                again = 1; /* the list changed */
-                break;
-            }
-        }
-    } while (again);
+    /* finishing a Work unlinks it from comm->works (and may finish others) */
+    while (comm->works_head != NULL) xccl_work_finish(comm->works_head, st, why);
 }
 
 static void comm_shutdown(xccl_comm_t *comm, const char *what)

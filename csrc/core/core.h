@@ -136,6 +136,7 @@ struct xccl_comm {
     xccl_algo_memo_t memo; /* algorithms chosen for earlier call shapes (select.c)      */
     void        *spare; /* scratch kept from a finished operation (coll.c)             */
     size_t       spare_len;
+    xccl_work_t *works_head, *works_tail; /* active Works (work.c)                      */
     xccl_comm_t *next; /* ctx->comms */
 };
 
@@ -180,9 +181,21 @@ struct xccl_work {
     void          *cb_arg;
     int            async_counted; /* counted in ctx->nasync (background progress wanted)   */
     int            notified;      /* failed because a peer said so: do not pass it on      */
-    xccl_work_t   *next;  /* ctx->active                                                  */
+    int            expiring;      /* xccl_work_expire is building its message              */
+    /* While active, a Work is on three doubly linked lists (O(1) unlink, see work.c):       */
+    xccl_work_t   *next, *prev;       /* ctx->coll: collectives, in posting order (progress) */
+    xccl_work_t   *cm_next, *cm_prev; /* comm->works: the comm's Works, in posting order   */
+    xccl_work_t   *dl_next, *dl_prev; /* ctx->dl: every active Work by deadline            */
     xccl_work_t   *cnext; /* completion list                                              */
 };
+
+/* A walk over ctx->coll or ctx->dl that may finish Works (and so unlink them) as it goes:
+ * registered on ctx->cursors, and moved on by the unlink of the Work it points at. */
+typedef struct xccl_cursor {
+    xccl_work_t        *w;
+    int                 dl; /* walks ctx->dl (else ctx->coll) */
+    struct xccl_cursor *up;
+} xccl_cursor_t;
 
 typedef struct tp_slot {
     const xccl_transport_ops_t *ops;
@@ -210,7 +223,9 @@ struct xccl_ctx {
     uint64_t          defer_min;
     xccl_req_t       *posted_head, *posted_tail;
     xccl_umsg_t      *unexp_head, *unexp_tail;
-    xccl_work_t      *active_head, *active_tail;
+    xccl_work_t      *coll_head, *coll_tail; /* active collectives, in posting order    */
+    xccl_work_t      *dl_head, *dl_tail;     /* every active Work, earliest deadline first */
+    xccl_cursor_t    *cursors;               /* walks in progress over those lists        */
     xccl_comm_t      *comms;
     int               nwaiters;   /* threads inside xccl_work_wait                         */
     int               nasync;     /* active works nobody is waiting on                     */

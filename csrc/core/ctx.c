@@ -603,9 +603,8 @@ static xccl_status_t up_recv_match(void *core, int peer, const xccl_msg_hdr_t *h
     if (tag_kind(hdr->tag) == TAG_KIND_COLL) {
         /* check the call's fingerprint against the local collective with that seq */
         if (c != NULL) {
-            for (xccl_work_t *w = ctx->active_head; w != NULL; w = w->next) {
-                if (w->comm == c && w->kind == WORK_COLL && w->seq == tag_seq(hdr->tag) &&
-                    w->fp != hdr->fp) {
+            for (xccl_work_t *w = c->works_head; w != NULL; w = w->cm_next) {
+                if (w->kind == WORK_COLL && w->seq == tag_seq(hdr->tag) && w->fp != hdr->fp) {
                     xccl_coll_mismatch(c, w->seq, xccl_comm_rank_of_world(c, peer), hdr->fp, 1);
                     discard = 1;
                     goto stage;
@@ -847,31 +846,47 @@ void xccl_req_cancel(xccl_ctx_t *ctx, xccl_req_t *r, xccl_status_t st, const cha
 /* Progress                                                                                    */
 /* ------------------------------------------------------------------------------------------ */
 
+/* Every active collective is progressed, in posting order, and every Work past its deadline
+ * expired; a deadline check costs O(1) while nothing expires (ctx->dl is ordered). Progressing
+ * one Work can finish others (a transport flushes queued sends, a mismatch notice arrives),
+ * and an expiry's diagnosis may let other threads in: the walks are cursors that the unlink of
+ * a finished Work moves on (active_unlink in work.c), and the Work in hand is referenced. */
 int xccl_ctx_progress_locked(xccl_ctx_t *ctx)
 {
-    enum { SNAP = 64 };
-    xccl_work_t *snap[SNAP];
-    int          n = 0, events = 0;
-    int64_t      now;
+    xccl_cursor_t cur = {.w = ctx->coll_head, .dl = 0, .up = ctx->cursors};
+    xccl_work_t  *w;
+    int           events = 0;
+    int64_t       now;
 
     for (int i = 0; i < ctx->ntp; i++) {
         int k = 0;
         (void)ctx->tp[i].ops->progress(ctx->tp[i].ctx, &k);
         events += k;
     }
-    /* Progressing one Work can complete others (a transport flushes queued sends), so walk a
-     * snapshot of referenced Works rather than the live list. */
-    for (xccl_work_t *w = ctx->active_head; w != NULL && n < SNAP; w = w->next) {
+    ctx->cursors = &cur;
+    while ((w = cur.w) != NULL) {
+        cur.w = w->next;
         xccl_work_retain(w);
-        snap[n++] = w;
-    }
-    now = xccl_now_ms();
-    for (int i = 0; i < n; i++) {
-        xccl_work_t *w = snap[i];
-        if (w->active) xccl_work_progress_locked(w);
-        if (w->active && w->deadline_ms > 0 && now > w->deadline_ms) xccl_work_expire(w);
+        xccl_work_progress_locked(w);
         if (!w->active) events++;
         xccl_work_release(w);
+    }
+    now = xccl_now_ms();
+    cur.w  = ctx->dl_head;
+    cur.dl = 1;
+    while ((w = cur.w) != NULL && now > w->deadline_ms) {
+        cur.w = w->dl_next;
+        if (w->expiring) continue; /* another walk is expiring it */
+        xccl_work_retain(w);
+        xccl_work_expire(w);
+        if (!w->active) events++;
+        xccl_work_release(w);
+    }
+    for (xccl_cursor_t **pp = &ctx->cursors; *pp != NULL; pp = &(*pp)->up) {
+        if (*pp == &cur) { /* not always the top: an expiry may have let another pass in */
+            *pp = cur.up;
+            break;
+        }
     }
     return events;
 }

@@ -111,8 +111,7 @@ size_t xccl_diag_row(const xccl_comm_t *comm, char *buf, size_t len)
 
     if (len == 0) return 0;
     buf[0] = '\0';
-    for (const xccl_work_t *w = ctx->active_head; w != NULL; w = w->next) {
-        if (w->comm != comm) continue;
+    for (const xccl_work_t *w = comm->works_head; w != NULL; w = w->cm_next) {
         if (n++ == DIAG_WORKS_MAX) continue;
         if (n > 1) put(buf, len, &off, "; ");
         put_work(buf, len, &off, w, now);
@@ -133,7 +132,7 @@ size_t xccl_diag_row(const xccl_comm_t *comm, char *buf, size_t len)
             put(buf, len, &off, " (failed: %s)", xccl_status_string(f->status) + 5);
     }
     /* idle here, but maybe stuck on another communicator */
-    for (const xccl_work_t *w = ctx->active_head; w != NULL && !other; w = w->next) {
+    for (const xccl_work_t *w = ctx->dl_head; w != NULL && !other; w = w->dl_next) {
         if (w->comm == comm) continue;
         put(buf, len, &off, "; busy on comm '%s': ", w->comm->name);
         put_work(buf, len, &off, w, now);

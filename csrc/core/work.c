@@ -71,36 +71,74 @@ static void count_async(xccl_ctx_t *ctx, xccl_work_t *w, int urgent)
     if (urgent && ctx->nwaiters == 0) pthread_cond_signal(&ctx->cond);
 }
 
+/* Inserts w into ctx->dl, ordered by deadline (ties in posting order). Works of one timeout
+ * arrive in deadline order, so the walk back from the tail is usually one step. */
+static void dl_insert(xccl_ctx_t *ctx, xccl_work_t *w)
+{
+    xccl_work_t *p = ctx->dl_tail;
+
+    while (p != NULL && p->deadline_ms > w->deadline_ms) p = p->dl_prev;
+    w->dl_prev = p;
+    w->dl_next = p != NULL ? p->dl_next : ctx->dl_head;
+    if (w->dl_next != NULL) w->dl_next->dl_prev = w;
+    else ctx->dl_tail = w;
+    if (p != NULL) p->dl_next = w;
+    else ctx->dl_head = w;
+}
+
 void xccl_work_activate(xccl_work_t *w, int blocking)
 {
-    xccl_ctx_t *ctx = w->comm->ctx;
+    xccl_comm_t *comm = w->comm;
+    xccl_ctx_t  *ctx  = comm->ctx;
 
     if (!blocking) count_async(ctx, w, 0);
     /* one clock read serves the enqueue time and the deadline (a clock read costs ~25 ns in
      * a VM, a few percent of a small operation) */
     w->t_enq       = xccl_now_ns();
     w->active      = 1;
-    w->deadline_ms = (int64_t)(w->t_enq / 1000000u) + w->timeout_ms;
-    w->next        = NULL;
+    w->deadline_ms = w->timeout_ms > 0 ? (int64_t)(w->t_enq / 1000000u) + w->timeout_ms
+                                       : INT64_MAX;
     xccl_work_retain(w);
-    if (ctx->active_tail) ctx->active_tail->next = w;
-    else ctx->active_head = w;
-    ctx->active_tail = w;
+    if (w->kind == WORK_COLL) {
+        w->next = NULL;
+        w->prev = ctx->coll_tail;
+        if (ctx->coll_tail) ctx->coll_tail->next = w;
+        else ctx->coll_head = w;
+        ctx->coll_tail = w;
+    }
+    w->cm_next = NULL;
+    w->cm_prev = comm->works_tail;
+    if (comm->works_tail) comm->works_tail->cm_next = w;
+    else comm->works_head = w;
+    comm->works_tail = w;
+    dl_insert(ctx, w);
 }
 
+/* Takes w off the lists of active Works, moving on any walk that stood on it. */
 static void active_unlink(xccl_ctx_t *ctx, xccl_work_t *w)
 {
-    xccl_work_t **pp   = &ctx->active_head;
-    xccl_work_t  *prev = NULL;
+    xccl_comm_t *comm = w->comm;
 
-    while (*pp != NULL && *pp != w) {
-        prev = *pp;
-        pp   = &(*pp)->next;
+    for (xccl_cursor_t *c = ctx->cursors; c != NULL; c = c->up) {
+        if (c->w == w) c->w = c->dl ? w->dl_next : w->next;
     }
-    if (*pp == NULL) return;
-    *pp = w->next;
-    if (ctx->active_tail == w) ctx->active_tail = prev;
-    w->next = NULL;
+    if (w->kind == WORK_COLL) {
+        if (w->prev) w->prev->next = w->next;
+        else ctx->coll_head = w->next;
+        if (w->next) w->next->prev = w->prev;
+        else ctx->coll_tail = w->prev;
+        w->next = w->prev = NULL;
+    }
+    if (w->cm_prev) w->cm_prev->cm_next = w->cm_next;
+    else comm->works_head = w->cm_next;
+    if (w->cm_next) w->cm_next->cm_prev = w->cm_prev;
+    else comm->works_tail = w->cm_prev;
+    w->cm_next = w->cm_prev = NULL;
+    if (w->dl_prev) w->dl_prev->dl_next = w->dl_next;
+    else ctx->dl_head = w->dl_next;
+    if (w->dl_next) w->dl_next->dl_prev = w->dl_prev;
+    else ctx->dl_tail = w->dl_prev;
+    w->dl_next = w->dl_prev = NULL;
 }
 
 void xccl_work_finish(xccl_work_t *w, xccl_status_t st, const char *msg)
@@ -209,6 +247,7 @@ void xccl_work_expire(xccl_work_t *w)
     int         shown = 0;
     xccl_req_t *list  = w->kind == WORK_P2P ? w->req : w->task.reqs;
 
+    w->expiring = 1;
     off += (size_t)snprintf(msg + off, sizeof(msg) - off,
                             "%s (algo %s, seq %llu) on comm '%s' timed out after %.1f s on rank %d",
                             w->name, w->kind == WORK_P2P ? "p2p" : w->task.algo->name,

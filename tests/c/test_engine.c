@@ -1,0 +1,201 @@
+/* SPDX-License-Identifier: Apache-2.0
+ *
+ * test_engine.c - the core's progress, matching and lifetime, through the public C API (and,
+ * where a count is the only honest witness, the context's internals from core/core.h): forked
+ * ranks meet through a file store and connect over the real transports.
+ *
+ *   many_works   hundreds of asynchronous collectives on two communicators, posted in opposite
+ *                orders on alternate ranks, all complete with the right sums; a stalled one
+ *                posted behind a hundred pending receives times out within its own timeout and
+ *                names the peer it waits for.
+ */
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/core.h"
+#include "ctest.h"
+#include "xccl/xccl.h"
+
+static char store_path[256];
+
+/* Flags shared by the ranks of one job (mmap'd before the fork). */
+typedef struct shared {
+    atomic_int stall_done;
+} shared_t;
+static shared_t *SH;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static xccl_comm_t *make_comm(int rank, int size)
+{
+    xccl_store_t      *store = NULL;
+    xccl_comm_t       *comm  = NULL;
+    xccl_comm_config_t cfg   = {0};
+
+    if (xccl_store_file_create(store_path, size, 20000, &store) != XCCL_OK) return NULL;
+    cfg.rank       = rank;
+    cfg.size       = size;
+    cfg.store      = store;
+    cfg.timeout_ms = 60000;
+    cfg.name       = "engine";
+    if (xccl_comm_create(&cfg, &comm) != XCCL_OK)
+        fprintf(stderr, "rank %d: comm create: %s\n", rank, xccl_last_error());
+    xccl_store_release(store);
+    return comm;
+}
+
+/* Element i of operation k on communicator `which`, contributed by rank r. */
+static int32_t contrib(int which, int k, int r, int i) { return which * 100000 + k * 37 + r * 3 + i; }
+
+enum { NOPS = 160, NELEM = 8, NSTALL_BEHIND = 100 };
+
+static void many_works(xccl_comm_t *world, int rank, int size)
+{
+    xccl_comm_t *comm[2];
+    int          all[16];
+    int32_t     *buf = malloc(sizeof(int32_t) * 2 * NOPS * NELEM);
+    xccl_work_t *w[2][NOPS];
+    /* ring: every operation needs several passes of progress on every rank, so none completes
+     * unless each rank progresses the other's first operations too */
+    xccl_coll_opts_t ring = {.algo = "ring"};
+
+    for (int r = 0; r < size; r++) all[r] = r;
+    CHECK(xccl_comm_split(world, size, all, "A", &comm[0]) == XCCL_OK);
+    CHECK(xccl_comm_split(world, size, all, "B", &comm[1]) == XCCL_OK);
+    /* even ranks post every operation of A, then every one of B; odd ranks B first */
+    for (int o = 0; o < 2; o++) {
+        int which = rank % 2 == 0 ? o : 1 - o;
+        for (int k = 0; k < NOPS; k++) {
+            int32_t *b = buf + ((size_t)which * NOPS + (size_t)k) * NELEM;
+            for (int i = 0; i < NELEM; i++) b[i] = contrib(which, k, rank, i);
+            CHECK(xccl_allreduce(comm[which], b, b, NELEM, XCCL_INT32, XCCL_OP_SUM, &ring,
+                                 &w[which][k]) == XCCL_OK);
+        }
+    }
+    for (int which = 0; which < 2; which++) {
+        for (int k = 0; k < NOPS; k++) {
+            int32_t *b  = buf + ((size_t)which * NOPS + (size_t)k) * NELEM;
+            int      ok = 1;
+            CHECK_MSG(xccl_work_wait(w[which][k], 30000) == XCCL_OK, "op %d of %c: %s", k,
+                      'A' + which, xccl_work_error(w[which][k]));
+            for (int i = 0; i < NELEM; i++) {
+                int32_t want = 0;
+                for (int r = 0; r < size; r++) want += contrib(which, k, r, i);
+                ok &= b[i] == want;
+            }
+            CHECK_MSG(ok, "op %d of %c: wrong sum", k, 'A' + which);
+            xccl_work_release(w[which][k]);
+        }
+    }
+    xccl_comm_destroy(comm[0]);
+    xccl_comm_destroy(comm[1]);
+
+    /* The stall: ranks 0 and 1 share a communicator on which only rank 0 posts an all_reduce
+     * with a 1.5 s timeout, behind a hundred receives that rank 1 sends only once rank 0 has
+     * seen the all_reduce time out. */
+    if (rank <= 1 && size >= 2) {
+        int          pair[2] = {0, 1};
+        xccl_comm_t *s;
+        int32_t      x[4] = {1, 2, 3, 4}, rv[NSTALL_BEHIND];
+        xccl_work_t *rw[NSTALL_BEHIND];
+
+        CHECK(xccl_comm_split(world, 2, pair, "stall", &s) == XCCL_OK);
+        if (rank == 0) {
+            xccl_coll_opts_t opts = {.timeout_ms = 1500};
+            xccl_work_t     *ws;
+            xccl_status_t    st;
+            double           t0;
+            for (int k = 0; k < NSTALL_BEHIND; k++)
+                CHECK(xccl_irecv(world, &rv[k], sizeof(rv[k]), 1, (uint32_t)(500 + k), &rw[k]) ==
+                      XCCL_OK);
+            t0 = now_s();
+            CHECK(xccl_allreduce(s, x, x, 4, XCCL_INT32, XCCL_OP_SUM, &opts, &ws) == XCCL_OK);
+            st = xccl_work_wait(ws, 20000);
+            CHECK_MSG(st == XCCL_ERR_TIMEOUT, "stalled all_reduce: status %d", st);
+            CHECK_MSG(now_s() - t0 < 10.0, "timed out after %.1f s", now_s() - t0);
+            CHECK_MSG(strstr(xccl_work_error(ws), "from rank 1") != NULL, "error: %s",
+                      xccl_work_error(ws));
+            xccl_work_release(ws);
+            atomic_store(&SH->stall_done, 1);
+            for (int k = 0; k < NSTALL_BEHIND; k++) {
+                CHECK(xccl_work_wait(rw[k], 30000) == XCCL_OK);
+                CHECK(rv[k] == 7 * k);
+                xccl_work_release(rw[k]);
+            }
+        } else {
+            double end = now_s() + 30;
+            while (atomic_load(&SH->stall_done) == 0 && now_s() < end) usleep(1000);
+            CHECK(atomic_load(&SH->stall_done) == 1);
+            for (int k = 0; k < NSTALL_BEHIND; k++) {
+                rv[k] = 7 * k;
+                CHECK(xccl_isend(world, &rv[k], sizeof(rv[k]), 0, (uint32_t)(500 + k), &rw[k]) ==
+                      XCCL_OK);
+            }
+            for (int k = 0; k < NSTALL_BEHIND; k++) {
+                CHECK(xccl_work_wait(rw[k], 30000) == XCCL_OK);
+                xccl_work_release(rw[k]);
+            }
+        }
+        xccl_comm_destroy(s);
+    }
+    free(buf);
+}
+
+static int child(int rank, int size)
+{
+    xccl_comm_t *c = make_comm(rank, size);
+    xccl_work_t *w;
+
+    if (c == NULL) return 2;
+    many_works(c, rank, size);
+    /* leave together: a rank that exits early looks like a failure to the others */
+    CHECK(xccl_barrier(c, NULL, &w) == XCCL_OK && xccl_work_wait(w, 30000) == XCCL_OK);
+    xccl_work_release(w);
+    xccl_comm_destroy(c);
+    return ctest_failures != 0;
+}
+
+int main(void)
+{
+    static const int sizes[] = {2, 3};
+    int              failed  = 0;
+
+    setenv("XCCL_DIAG_WAIT_MS", "200", 1);
+    SH = mmap(NULL, sizeof(*SH), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (SH == MAP_FAILED) return 1;
+    for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
+        int   size = sizes[k];
+        pid_t pids[16];
+        memset(SH, 0, sizeof(*SH));
+        snprintf(store_path, sizeof(store_path), "/tmp/xccl-test-engine-%d-%d", (int)getpid(),
+                 size);
+        unlink(store_path);
+        for (int r = 0; r < size; r++) {
+            pids[r] = fork();
+            if (pids[r] == 0) _exit(child(r, size));
+        }
+        for (int r = 0; r < size; r++) {
+            int status = 0;
+            waitpid(pids[r], &status, 0);
+            if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+                fprintf(stderr, "size %d: rank %d failed (status %d)\n", size, r, status);
+                failed++;
+            }
+        }
+        unlink(store_path);
+    }
+    ctest_checks++;
+    if (failed) ctest_failures++;
+    CTEST_MAIN_END("test_engine");
+}
