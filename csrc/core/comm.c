@@ -3,7 +3,12 @@
  * comm.c - communicators: creation over a store, local splits, destroy/abort, accessors.
  *
  * A split is purely local: its id is a hash of the parent's id, the member list and how many
- * splits with that member list the parent made before, so members agree on it without talking.
+ * splits with that member list the parent made before (parent->splits), so members agree on it
+ * without talking.
+ *
+ * Lifetime: see struct xccl_comm in core.h. A freed communicator leaves its id in ctx->gone for
+ * the next XCCL_GONE_IDS frees, so that messages still on their way to it are dropped on
+ * arrival; one arriving later than that is kept as if for a communicator not created yet.
  */
 #include "core/core.h"
 
@@ -24,6 +29,7 @@ static xccl_comm_t *comm_alloc(xccl_ctx_t *ctx, int rank, int size, const char *
         return NULL;
     }
     c->ctx  = ctx;
+    c->refs = 1; /* the user's handle */
     c->rank = rank;
     c->size = size;
     snprintf(c->name, sizeof(c->name), "%s", name && *name ? name : "world");
@@ -60,8 +66,13 @@ xccl_status_t xccl_comm_create(const xccl_comm_config_t *cfg, xccl_comm_t **out)
     }
     c->id         = ctx->job_id;
     c->timeout_ms = c2.timeout_ms;
-    ctx->comms    = c;
-    *out          = c;
+    if (xccl_u64map_put(&ctx->comms, c->id, c) < 0) {
+        xccl_comm_free(c);
+        xccl_ctx_release(ctx);
+        return XCCL_ERROR(XCCL_ERR_NO_MEMORY, "comm create: out of memory");
+    }
+    ctx->ncomms = 1;
+    *out        = c;
     xccl_diag_comm_ready(c); /* idle ranks answer hang-diagnosis queries */
     XCCL_INFO("comm '%s' rank %d/%d created (job %016llx)", c->name, c->rank, c->size,
               (unsigned long long)c->id);
@@ -76,7 +87,7 @@ xccl_status_t xccl_comm_split(xccl_comm_t *parent, int nranks, const int *ranks,
     int           me = -1;
     xccl_sha256_t h;
     uint8_t       digest[XCCL_SHA256_LEN];
-    uint64_t      nth = 0;
+    uint64_t      nth, members;
 
     if (parent == NULL || ranks == NULL || out == NULL || nranks < 1)
         return XCCL_ERROR(XCCL_ERR_INVALID_ARG, "comm split: a non-empty rank list is required");
@@ -112,11 +123,12 @@ xccl_status_t xccl_comm_split(xccl_comm_t *parent, int nranks, const int *ranks,
 
     pthread_mutex_lock(&ctx->lock);
     /* how many splits of the parent had this exact member list before */
-    for (xccl_comm_t *o = ctx->comms; o != NULL; o = o->next) {
-        if (o->size == nranks && o->parent_id == parent->id &&
-            memcmp(o->world, c->world, (size_t)nranks * sizeof(int)) == 0)
-            nth++;
-    }
+    xccl_sha256_init(&h);
+    xccl_sha256_update(&h, c->world, (size_t)nranks * sizeof(int));
+    xccl_sha256_final(&h, digest);
+    memcpy(&members, digest, sizeof(members));
+    members |= 1; /* map keys are nonzero */
+    nth = (uint64_t)(uintptr_t)xccl_u64map_get(&parent->splits, members);
     xccl_sha256_init(&h);
     xccl_sha256_update(&h, &parent->id, sizeof(parent->id));
     xccl_sha256_update(&h, c->world, (size_t)nranks * sizeof(int));
@@ -124,8 +136,15 @@ xccl_status_t xccl_comm_split(xccl_comm_t *parent, int nranks, const int *ranks,
     xccl_sha256_final(&h, digest);
     memcpy(&c->id, digest, sizeof(c->id));
     c->parent_id = parent->id;
-    c->next    = ctx->comms;
-    ctx->comms = c;
+    if (c->id == 0 || xccl_u64map_get(&ctx->comms, c->id) != NULL ||
+        xccl_u64map_put(&parent->splits, members, (void *)(uintptr_t)(nth + 1)) < 0 ||
+        xccl_u64map_put(&ctx->comms, c->id, c) < 0) {
+        /* an id of 0 or one seen before: a 2^-64 accident, refused rather than confused */
+        pthread_mutex_unlock(&ctx->lock);
+        xccl_comm_free(c);
+        return XCCL_ERROR(XCCL_ERR_NO_MEMORY, "comm split: out of memory (or id collision)");
+    }
+    ctx->ncomms++;
     ctx->refcount++;
     pthread_mutex_unlock(&ctx->lock);
     *out = c;
@@ -155,10 +174,7 @@ static void comm_shutdown(xccl_comm_t *comm, const char *what)
     free(comm->spare); /* failed operations freed their own scratch */
     comm->spare     = NULL;
     comm->spare_len = 0;
-    /* unexpected messages of this comm will never be received */
-    for (xccl_umsg_t *u = ctx->unexp_head; u != NULL; u = u->next) {
-        if (u->hdr.comm_id == comm->id && u->waiter == NULL) u->hdr.tag = ~0ull;
-    }
+    xccl_umsg_drop_comm(ctx, comm->id); /* they will never be received */
     pthread_mutex_unlock(&ctx->lock);
     xccl_ctx_run_callbacks(ctx);
 }
@@ -170,9 +186,47 @@ void xccl_comm_abort(xccl_comm_t *comm)
 
 void xccl_comm_destroy(xccl_comm_t *comm)
 {
+    xccl_ctx_t *ctx;
+
     if (comm == NULL) return;
+    ctx = comm->ctx;
     comm_shutdown(comm, "destroyed");
-    xccl_ctx_release(comm->ctx);
+    pthread_mutex_lock(&ctx->lock);
+    xccl_comm_unref(comm); /* the handle's reference: comm may be freed here */
+    pthread_mutex_unlock(&ctx->lock);
+    xccl_ctx_release(ctx);
+}
+
+xccl_comm_t xccl_comm_gone = {.destroyed = 1, .name = "(destroyed)"};
+
+void xccl_comm_free(xccl_comm_t *c)
+{
+    free(c->trace);
+    free(c->world);
+    free((void *)c->topo.node_of);
+    free(c->spare);
+    xccl_u64map_free(&c->splits);
+    free(c);
+}
+
+void xccl_comm_unref(xccl_comm_t *c)
+{
+    xccl_ctx_t *ctx = c->ctx;
+
+    if (--c->refs > 0) return;
+    /* only a destroyed communicator loses its handle's reference */
+    if (ctx->gone_ids == NULL) ctx->gone_ids = calloc(XCCL_GONE_IDS, sizeof(uint64_t));
+    if (ctx->gone_ids != NULL) {
+        uint64_t *slot = &ctx->gone_ids[ctx->gone_next++ % XCCL_GONE_IDS];
+        if (*slot != 0) (void)xccl_u64map_del(&ctx->comms, *slot);
+        *slot = c->id;
+        /* replacing a value never allocates */
+        (void)xccl_u64map_put(&ctx->comms, c->id, &xccl_comm_gone);
+    } else {
+        (void)xccl_u64map_del(&ctx->comms, c->id);
+    }
+    ctx->ncomms--;
+    xccl_comm_free(c);
 }
 
 int      xccl_comm_rank(const xccl_comm_t *comm) { return comm->rank; }
@@ -207,8 +261,5 @@ xccl_status_t xccl_comm_async_error(const xccl_comm_t *comm) { return comm->asyn
 
 xccl_comm_t *xccl_ctx_find_comm(xccl_ctx_t *ctx, uint64_t id)
 {
-    for (xccl_comm_t *c = ctx->comms; c != NULL; c = c->next) {
-        if (c->id == id) return c;
-    }
-    return NULL;
+    return id != 0 ? xccl_u64map_get(&ctx->comms, id) : NULL;
 }

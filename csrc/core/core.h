@@ -25,6 +25,7 @@
 #include "algo/algo.h"
 #include "core/check.h"
 #include "core/rcache.h"
+#include "core/u64map.h"
 #include "xccl/xccl.h"
 #include "xccl/xccl_transport.h"
 
@@ -106,8 +107,11 @@ struct xccl_umsg {
     xccl_umsg_t   *next;
 };
 
-/* Communicator memory belongs to its context and is freed with it, so Works may point at their
- * communicator for as long as they live without reference counting. */
+/* A communicator is freed (under the context lock) once it is destroyed and nothing references
+ * it: `refs` counts the user's handle until xccl_comm_destroy, each active Work (activate to
+ * finish) and each request of its Works that a transport holds. A finished Work may outlive its
+ * communicator: the Work accessors never read w->comm once it finished. A freed communicator's
+ * id stays known for a while (ctx->gone) so that its late traffic is recognised and dropped. */
 struct xccl_comm {
     xccl_ctx_t  *ctx;
     uint64_t     id;
@@ -117,6 +121,7 @@ struct xccl_comm {
     uint64_t     parent_id; /* id of the communicator it was split from (0: none)        */
     int64_t      timeout_ms;
     int          destroyed;
+    int          refs;  /* see above (under the context lock)                            */
     xccl_status_t async_error;
     char         name[64];
     /* tracing (trace.c): a ring of events, off when trace_cap == 0 */
@@ -137,7 +142,9 @@ struct xccl_comm {
     void        *spare; /* scratch kept from a finished operation (coll.c)             */
     size_t       spare_len;
     xccl_work_t *works_head, *works_tail; /* active Works (work.c)                      */
-    xccl_comm_t *next; /* ctx->comms */
+    /* splits made from this communicator, per member list (key: digest of the world ranks;
+     * value: how many, as an integer): a split's id hashes in that count (comm.c) */
+    xccl_u64map_t splits;
 };
 
 typedef enum { WORK_P2P, WORK_COLL } work_kind_t;
@@ -226,7 +233,13 @@ struct xccl_ctx {
     xccl_work_t      *coll_head, *coll_tail; /* active collectives, in posting order    */
     xccl_work_t      *dl_head, *dl_tail;     /* every active Work, earliest deadline first */
     xccl_cursor_t    *cursors;               /* walks in progress over those lists        */
-    xccl_comm_t      *comms;
+    xccl_u64map_t     comms;   /* id -> live communicator (destroyed ones until freed)    */
+    int               ncomms;  /* communicators allocated and not freed yet               */
+    /* ids of the last XCCL_GONE_IDS freed communicators: in ctx->comms with the value
+     * &xccl_comm_gone, and in this ring (oldest overwritten first) */
+    uint64_t         *gone_ids;
+    size_t            gone_next;
+    uint64_t          staged_bytes; /* payload bytes held by unexpected messages          */
     int               nwaiters;   /* threads inside xccl_work_wait                         */
     int               nasync;     /* active works nobody is waiting on                     */
     pthread_t         thread;
@@ -270,6 +283,9 @@ xccl_status_t xccl_req_post_recv(xccl_ctx_t *ctx, xccl_req_t *r);
 void          xccl_req_cancel(xccl_ctx_t *ctx, xccl_req_t *r, xccl_status_t st, const char *why);
 /* Unlinks and frees a fully arrived unexpected message. Lock held. */
 void          xccl_umsg_drop(xccl_ctx_t *ctx, xccl_umsg_t *u);
+/* Frees the unexpected messages of a destroyed communicator; those still arriving are freed
+ * when their payload is in. Lock held. */
+void          xccl_umsg_drop_comm(xccl_ctx_t *ctx, uint64_t comm_id);
 /* A request finished (called by ctx.c); routes to the owning Work. Lock held. */
 void          xccl_req_finished(xccl_ctx_t *ctx, xccl_req_t *r);
 
@@ -298,7 +314,17 @@ void          xccl_coll_notify_failure(xccl_work_t *w, const char *msg);
 void          xccl_coll_mismatch(xccl_comm_t *comm, uint64_t seq, int peer_rank, uint64_t peer_fp,
                                  int notify);
 void          xccl_comm_fail_all(xccl_comm_t *comm, xccl_status_t st, const char *why);
+/* The communicator with that id: a live one, &xccl_comm_gone (destroyed = 1, no members) for
+ * a recently freed one, or NULL for one this rank has not created (yet). Lock held. */
 xccl_comm_t  *xccl_ctx_find_comm(xccl_ctx_t *ctx, uint64_t id);
+extern xccl_comm_t xccl_comm_gone;
+#define XCCL_GONE_IDS 4096
+/* Reference counting of communicators (see struct xccl_comm). Lock held. */
+static inline void xccl_comm_ref(xccl_comm_t *c) { c->refs++; }
+void          xccl_comm_unref(xccl_comm_t *c);
+/* Frees a communicator's memory (ctx_free, or its last reference). Lock held or no lock
+ * needed (context teardown). */
+void          xccl_comm_free(xccl_comm_t *c);
 int           xccl_comm_rank_of_world(const xccl_comm_t *comm, int world_rank);
 
 /* topo.c: fills comm->topo from the members' host identities and the transports' models;

@@ -156,15 +156,13 @@ static void ctx_free(xccl_ctx_t *ctx)
     if (ctx->peer_dead != NULL) {
         for (int i = 0; i < ctx->size; i++) free(ctx->peer_dead[i]);
     }
-    while (ctx->comms != NULL) {
-        xccl_comm_t *c = ctx->comms;
-        ctx->comms     = c->next;
-        free(c->trace);
-        free(c->world);
-        free((void *)c->topo.node_of);
-        free(c->spare);
-        free(c);
+    /* communicators still referenced (by requests the transports dropped at finalize) */
+    for (size_t i = 0; i < ctx->comms.cap; i++) {
+        xccl_comm_t *c = ctx->comms.vals[i];
+        if (ctx->comms.keys[i] != 0 && c != &xccl_comm_gone) xccl_comm_free(c);
     }
+    xccl_u64map_free(&ctx->comms);
+    free(ctx->gone_ids);
     free(ctx->peer_dead);
     free(ctx->peer_scarce);
     free(ctx->defer_since);
@@ -507,11 +505,41 @@ static void umsg_unlink(xccl_ctx_t *ctx, xccl_umsg_t *u)
     u->next = NULL;
 }
 
-void xccl_umsg_drop(xccl_ctx_t *ctx, xccl_umsg_t *u)
+static void umsg_free(xccl_ctx_t *ctx, xccl_umsg_t *u)
 {
     umsg_unlink(ctx, u);
+    ctx->staged_bytes -= u->data != NULL ? u->hdr.nbytes : 0;
     free(u->data);
     free(u);
+}
+
+void xccl_umsg_drop(xccl_ctx_t *ctx, xccl_umsg_t *u) { umsg_free(ctx, u); }
+
+void xccl_umsg_drop_comm(xccl_ctx_t *ctx, uint64_t comm_id)
+{
+    for (xccl_umsg_t *u = ctx->unexp_head, *next; u != NULL; u = next) {
+        next = u->next;
+        if (u->hdr.comm_id != comm_id || u->waiter != NULL) continue;
+        if (u->done) umsg_free(ctx, u);
+        else u->hdr.tag = ~0ull; /* freed when the payload is in */
+    }
+}
+
+/* A transport holds r (until send_done / recv_done): its Work and communicator stay. */
+static void req_hold(xccl_req_t *r)
+{
+    if (r->work == NULL) return;
+    xccl_work_retain(r->work);
+    xccl_comm_ref(r->work->comm);
+}
+
+static void req_unhold(xccl_req_t *r)
+{
+    xccl_work_t *w = r->work;
+    xccl_comm_t *c = w->comm;
+
+    xccl_work_release(w);
+    xccl_comm_unref(c);
 }
 
 /* A request's trace time: read only when its communicator traces (the clock costs ~25 ns in a
@@ -538,7 +566,7 @@ static void req_complete(xccl_ctx_t *ctx, xccl_req_t *r, xccl_status_t st)
     }
     xccl_trace_req(r);
     xccl_req_finished(ctx, r);
-    if (was_active) xccl_work_release(w);
+    if (was_active) req_unhold(r);
 }
 
 /* Copies a fully-arrived unexpected message into a receive and completes it. */
@@ -556,9 +584,7 @@ static void umsg_deliver(xccl_ctx_t *ctx, xccl_umsg_t *u, xccl_req_t *r)
     } else if (st == XCCL_OK && u->hdr.nbytes > 0) {
         memcpy(r->buf, u->data, u->hdr.nbytes);
     }
-    umsg_unlink(ctx, u);
-    free(u->data);
-    free(u);
+    umsg_free(ctx, u);
     req_complete(ctx, r, st);
 }
 
@@ -621,7 +647,7 @@ static xccl_status_t up_recv_match(void *core, int peer, const xccl_msg_hdr_t *h
         r->src      = peer;
         r->received = hdr->nbytes;
         r->state    = REQ_ACTIVE;
-        xccl_work_retain(r->work);
+        req_hold(r);
         if (hdr->nbytes > r->nbytes) {
             /* drain into a trash buffer, then fail the receive (no truncation) */
             r->trash = malloc(hdr->nbytes);
@@ -651,6 +677,7 @@ stage:
                               "no memory to stage a %llu-byte message from rank %d",
                               (unsigned long long)hdr->nbytes, peer);
         }
+        ctx->staged_bytes += hdr->nbytes;
     }
     if (discard) u->hdr.tag = ~0ull; /* freed when the payload is in */
     if (ctx->unexp_tail) ctx->unexp_tail->next = u;
@@ -684,9 +711,7 @@ static void up_recv_done(void *core, void *cookie, xccl_status_t st)
         if (tag_kind(u->hdr.tag) == TAG_KIND_CTRL && xccl_coll_ctrl_arrived(ctx, u))
             u->hdr.tag = ~0ull;
         if (u->hdr.tag == ~0ull) { /* discarded payload */
-            umsg_unlink(ctx, u);
-            free(u->data);
-            free(u);
+            umsg_free(ctx, u);
             return;
         }
         if (u->waiter != NULL) umsg_deliver(ctx, u, u->waiter);
@@ -777,12 +802,12 @@ xccl_status_t xccl_req_post_send(xccl_ctx_t *ctx, xccl_req_t *r)
     }
     tp       = &ctx->tp[ctx->peer_tp[r->peer]];
     r->state = REQ_ACTIVE;
-    if (r->work) xccl_work_retain(r->work);
+    req_hold(r);
     st = tp->ops->isend(tp->ctx, r->peer, &hdr, &buf, r);
     if (st < 0) {
         r->state  = REQ_DONE;
         r->status = st;
-        if (r->work) xccl_work_release(r->work);
+        if (r->work) req_unhold(r);
     }
     return st;
 }

@@ -172,6 +172,7 @@ int xccl_diag_ctrl_arrived(xccl_ctx_t *ctx, xccl_umsg_t *u)
     if (u->hdr.tag & TAG_CTRL_DIAG) {
         char row[DIAG_ROW_MAX];
         if (comm == NULL) snprintf(row, sizeof(row), "has not created this communicator yet");
+        else if (comm->destroyed) snprintf(row, sizeof(row), "has destroyed this communicator");
         else (void)xccl_diag_row(comm, row, sizeof(row));
         (void)send_ctrl(ctx, u->hdr.comm_id, u->src, tag_ctrl(qid) | TAG_CTRL_DIAG_REPLY, row);
         return 1;

@@ -99,6 +99,7 @@ void xccl_work_activate(xccl_work_t *w, int blocking)
     w->deadline_ms = w->timeout_ms > 0 ? (int64_t)(w->t_enq / 1000000u) + w->timeout_ms
                                        : INT64_MAX;
     xccl_work_retain(w);
+    xccl_comm_ref(comm);
     if (w->kind == WORK_COLL) {
         w->next = NULL;
         w->prev = ctx->coll_tail;
@@ -175,6 +176,7 @@ void xccl_work_finish(xccl_work_t *w, xccl_status_t st, const char *msg)
     /* only a callback needs the thread (a waiter runs callbacks itself); waking it for every
      * finished operation costs a context switch per call on small machines */
     if (w->cb != NULL && ctx->nwaiters == 0) pthread_cond_signal(&ctx->cond);
+    xccl_comm_unref(w->comm); /* the Work no longer reads w->comm */
 }
 
 /* The message of a failed request: the transport's reason for its peer when there is one. */

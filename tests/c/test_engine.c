@@ -8,6 +8,10 @@
  *                orders on alternate ranks, all complete with the right sums; a stalled one
  *                posted behind a hundred pending receives times out within its own timeout and
  *                names the peer it waits for.
+ *   churn        thousands of subgroups created and destroyed, each with a message it receives
+ *                (possibly before this rank created it) and one it never receives (staged, or
+ *                arriving after the destroy): the context holds a bounded number of
+ *                communicators and no staged bytes, and split ids never collide.
  */
 #include <stdatomic.h>
 #include <stdio.h>
@@ -152,6 +156,59 @@ static void many_works(xccl_comm_t *world, int rank, int size)
     free(buf);
 }
 
+enum { NCHURN = 3000 };
+
+static void churn(xccl_comm_t *world, int rank, int size)
+{
+    xccl_ctx_t  *ctx = world->ctx;
+    int          all[16];
+    int          max_comms = 0;
+    xccl_work_t *w;
+
+    for (int r = 0; r < size; r++) all[r] = r;
+    for (int i = 0; i < NCHURN; i++) {
+        xccl_comm_t *sub;
+        int32_t      v = -1, late = i;
+        /* the same member list every time: only the parent's split count tells them apart */
+        CHECK(xccl_comm_split(world, size, all, "churn", &sub) == XCCL_OK);
+        if (rank == 0) {
+            xccl_work_t *w2;
+            v = i;
+            CHECK(xccl_isend(sub, &v, sizeof(v), 1, 1, &w) == XCCL_OK);
+            CHECK(xccl_isend(sub, &late, sizeof(late), 1, 2, &w2) == XCCL_OK);
+            CHECK(xccl_work_wait(w, 30000) == XCCL_OK);
+            CHECK(xccl_work_wait(w2, 30000) == XCCL_OK);
+            xccl_work_release(w);
+            xccl_work_release(w2);
+        } else if (rank == 1) {
+            CHECK(xccl_irecv(sub, &v, sizeof(v), 0, 1, &w) == XCCL_OK);
+            CHECK_MSG(xccl_work_wait(w, 30000) == XCCL_OK, "subgroup %d: %s", i,
+                      xccl_work_error(w));
+            CHECK_MSG(v == i, "subgroup %d got %d", i, (int)v);
+            xccl_work_release(w);
+        }
+        xccl_comm_destroy(sub);
+        pthread_mutex_lock(&ctx->lock);
+        if (ctx->ncomms > max_comms) max_comms = ctx->ncomms;
+        pthread_mutex_unlock(&ctx->lock);
+        if (i % 500 == 499 || i == NCHURN - 1) {
+            /* after the barrier every message rank 0 sent before it has reached rank 1 */
+            CHECK(xccl_barrier(world, NULL, &w) == XCCL_OK && xccl_work_wait(w, 30000) == XCCL_OK);
+            xccl_work_release(w);
+            pthread_mutex_lock(&ctx->lock);
+            CHECK_MSG(ctx->staged_bytes == 0, "%llu bytes staged after %d subgroups",
+                      (unsigned long long)ctx->staged_bytes, i + 1);
+            CHECK_MSG(ctx->ncomms == 1, "%d communicators held after %d subgroups", ctx->ncomms,
+                      i + 1);
+            pthread_mutex_unlock(&ctx->lock);
+            /* nobody sends for the next subgroup before everyone has looked */
+            CHECK(xccl_barrier(world, NULL, &w) == XCCL_OK && xccl_work_wait(w, 30000) == XCCL_OK);
+            xccl_work_release(w);
+        }
+    }
+    CHECK_MSG(max_comms <= 2, "up to %d communicators held", max_comms);
+}
+
 static int child(int rank, int size)
 {
     xccl_comm_t *c = make_comm(rank, size);
@@ -159,6 +216,7 @@ static int child(int rank, int size)
 
     if (c == NULL) return 2;
     many_works(c, rank, size);
+    churn(c, rank, size);
     /* leave together: a rank that exits early looks like a failure to the others */
     CHECK(xccl_barrier(c, NULL, &w) == XCCL_OK && xccl_work_wait(w, 30000) == XCCL_OK);
     xccl_work_release(w);
