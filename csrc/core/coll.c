@@ -66,6 +66,7 @@ static xccl_req_t *req_new(xccl_work_t *w, req_kind_t kind, int world_peer, void
     if (r == NULL) return NULL;
     r->kind    = kind;
     r->peer    = world_peer;
+    r->src     = -1;
     r->buf     = buf;
     r->nbytes  = nbytes;
     r->tag     = tag;

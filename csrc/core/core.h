@@ -78,7 +78,7 @@ struct xccl_req {
     int          state;   /* REQ_POSTED, REQ_ACTIVE (in a transport), REQ_DONE            */
     xccl_status_t status; /* XCCL_INPROGRESS until done                                  */
     int          peer;    /* world rank; XCCL_ANY_SOURCE for any-source receives           */
-    int          src;     /* world rank the matched message came from                      */
+    int          src;     /* world rank the matched message came from; -1 before a match   */
     uint64_t     comm_id;
     uint64_t     tag;
     uint64_t     fp;
@@ -94,6 +94,11 @@ struct xccl_req {
     xccl_req_t  *next;    /* posted queue / work's request list                            */
     xccl_req_t  *wnext;
 };
+
+/* The world rank a request exchanges with: a send's destination, a receive's posted source,
+ * or for an any-source receive the source of the message it matched; -1 while an any-source
+ * receive has matched nothing. */
+static inline int xccl_req_world_peer(const xccl_req_t *r);
 
 /* A message that arrived before its receive was posted. */
 struct xccl_umsg {
@@ -146,6 +151,13 @@ struct xccl_comm {
      * value: how many, as an integer): a split's id hashes in that count (comm.c) */
     xccl_u64map_t splits;
 };
+
+static inline int xccl_req_world_peer(const xccl_req_t *r)
+{
+    if (r->kind == REQ_SEND || r->peer != XCCL_ANY_SOURCE) return r->peer;
+    if (r->src >= 0) return r->src;
+    return r->umsg != NULL ? r->umsg->src : -1;
+}
 
 typedef enum { WORK_P2P, WORK_COLL } work_kind_t;
 

@@ -861,7 +861,7 @@ void xccl_req_cancel(xccl_ctx_t *ctx, xccl_req_t *r, xccl_status_t st, const cha
     }
     /* a transport holds the buffer: drop that connection so it lets go now */
     {
-        int        peer = r->kind == REQ_SEND ? r->peer : r->src;
+        int        peer = xccl_req_world_peer(r); /* a transport holds it: matched */
         tp_slot_t *tp   = &ctx->tp[ctx->peer_tp[peer]];
         if (tp->ops->close_peer != NULL) tp->ops->close_peer(tp->ctx, peer, why);
     }

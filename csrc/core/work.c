@@ -182,7 +182,7 @@ void xccl_work_finish(xccl_work_t *w, xccl_status_t st, const char *msg)
 /* The message of a failed request: the transport's reason for its peer when there is one. */
 static const char *req_error(xccl_ctx_t *ctx, const xccl_req_t *r, char *buf, size_t len)
 {
-    int         world = r->kind == REQ_SEND ? r->peer : (r->peer >= 0 ? r->peer : r->src);
+    int         world = xccl_req_world_peer(r);
     const char *why   = world >= 0 && world < ctx->size ? ctx->peer_dead[world] : NULL;
     const char *last  = xccl_last_error();
 
@@ -257,11 +257,10 @@ void xccl_work_expire(xccl_work_t *w)
                             (double)w->timeout_ms / 1000.0, w->comm->rank);
     for (xccl_req_t *r = list; r != NULL && off < sizeof(msg) - 80;
          r = w->kind == WORK_P2P ? NULL : r->wnext) {
-        int peer;
+        int world, peer;
         if (r->state == REQ_DONE) continue;
-        peer = r->peer == XCCL_ANY_SOURCE
-                   ? -1
-                   : xccl_comm_rank_of_world(w->comm, r->kind == REQ_SEND ? r->peer : r->peer);
+        world = xccl_req_world_peer(r);
+        peer  = world < 0 ? -1 : xccl_comm_rank_of_world(w->comm, world);
         if (shown++ == 0) off += (size_t)snprintf(msg + off, sizeof(msg) - off, ": waiting for");
         if (peer < 0)
             off += (size_t)snprintf(msg + off, sizeof(msg) - off, "%s a message from any rank",
