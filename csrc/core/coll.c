@@ -58,12 +58,9 @@ const char *xccl_fp_str(uint64_t fp, char *buf, size_t len)
 /* Requests                                                                                    */
 /* ------------------------------------------------------------------------------------------ */
 
-static xccl_req_t *req_new(xccl_work_t *w, req_kind_t kind, int world_peer, void *buf,
-                           size_t nbytes, uint64_t tag)
+static void req_init(xccl_req_t *r, xccl_work_t *w, req_kind_t kind, int world_peer, void *buf,
+                     size_t nbytes, uint64_t tag)
 {
-    xccl_req_t *r = calloc(1, sizeof(*r));
-
-    if (r == NULL) return NULL;
     r->kind    = kind;
     r->peer    = world_peer;
     r->src     = -1;
@@ -71,10 +68,9 @@ static xccl_req_t *req_new(xccl_work_t *w, req_kind_t kind, int world_peer, void
     r->nbytes  = nbytes;
     r->tag     = tag;
     r->work    = w;
-    r->comm_id = w ? w->comm->id : 0;
-    r->fp      = w ? w->fp : 0;
+    r->comm_id = w->comm->id;
+    r->fp      = w->fp;
     r->status  = XCCL_INPROGRESS;
-    return r;
 }
 
 /* A control message that no Work owns: a mismatch or failure notice (`flags`) carrying
@@ -101,9 +97,10 @@ static void send_ctrl_flags(xccl_comm_t *comm, int peer, uint64_t seq, uint64_t 
 {
     xccl_ctx_t *ctx = comm->ctx;
     size_t      len = text ? strlen(text) + 1 : 0;
-    xccl_req_t *r   = calloc(1, sizeof(*r) + len);
+    xccl_req_t *r   = len ? calloc(1, sizeof(*r) + len) : xccl_req_get(ctx);
 
     if (r == NULL) return;
+    r->text    = len > 0;
     r->kind    = REQ_SEND;
     r->peer    = comm->world[peer];
     r->comm_id = comm->id;
@@ -112,7 +109,7 @@ static void send_ctrl_flags(xccl_comm_t *comm, int peer, uint64_t seq, uint64_t 
     r->buf     = len ? (char *)(r + 1) : NULL;
     r->nbytes  = len;
     if (len) memcpy(r->buf, text, len);
-    if (ctx->peer_dead[r->peer] != NULL || xccl_req_post_send(ctx, r) < 0) free(r);
+    if (ctx->peer_dead[r->peer] != NULL || xccl_req_post_send(ctx, r) < 0) xccl_req_put(ctx, r);
     /* on success the request frees itself when sent (work == NULL, see ctx.c) */
 }
 
@@ -138,8 +135,9 @@ static xccl_status_t task_post(xccl_task_t *t, req_kind_t kind, int peer, void *
         return XCCL_ERROR(XCCL_ERR_INTERNAL, "%s: algorithm %s posted an invalid %s (peer %d, "
                           "step %u) on rank %d", w->name, t->algo->name,
                           kind == REQ_SEND ? "send" : "receive", peer, step, comm->rank);
-    r = req_new(w, kind, comm->world[peer], buf, nbytes, tag_coll(w->seq, step));
+    r = xccl_req_get(comm->ctx);
     if (r == NULL) return XCCL_ERROR(XCCL_ERR_NO_MEMORY, "%s: out of memory", w->name);
+    req_init(r, w, kind, comm->world[peer], buf, nbytes, tag_coll(w->seq, step));
     r->step  = step;
     r->wnext = t->reqs;
     t->reqs  = r;
@@ -178,8 +176,7 @@ xccl_status_t xccl_task_test(xccl_task_t *t)
     while (t->reqs != NULL) {
         xccl_req_t *r = t->reqs;
         t->reqs       = r->wnext;
-        free(r->trash);
-        free(r);
+        xccl_req_put(t->work->comm->ctx, r);
     }
     return XCCL_OK;
 }
@@ -347,12 +344,9 @@ static xccl_status_t p2p_post(xccl_comm_t *comm, req_kind_t kind, void *buf, siz
         return XCCL_ERROR(XCCL_ERR_INVALID_ARG, "%s: tag %u is not in [0, 2^31)", name, tag);
     w = xccl_work_new(comm, WORK_P2P, name, 0);
     if (w == NULL) return XCCL_ERROR(XCCL_ERR_NO_MEMORY, "%s: out of memory", name);
-    r = req_new(w, kind, peer == XCCL_ANY_SOURCE ? XCCL_ANY_SOURCE : comm->world[peer], buf,
-                nbytes, tag_p2p(tag));
-    if (r == NULL) {
-        xccl_work_release(w);
-        return XCCL_ERROR(XCCL_ERR_NO_MEMORY, "%s: out of memory", name);
-    }
+    r = &w->p2p_req; /* a p2p Work carries its one request: nothing to allocate */
+    req_init(r, w, kind, peer == XCCL_ANY_SOURCE ? XCCL_ANY_SOURCE : comm->world[peer], buf,
+             nbytes, tag_p2p(tag));
     w->req = r;
     ctx    = comm->ctx;
     pthread_mutex_lock(&ctx->lock);

@@ -88,7 +88,8 @@ struct xccl_req {
     size_t       received;
     uint32_t     step;
     uint64_t     t0, t1;  /* trace times                                                    */
-    void        *trash;   /* recv: drain buffer when the message is too large               */
+    int          text;    /* allocated with its payload after it (control notices): freed,
+                           * never pooled                                                 */
     xccl_umsg_t *umsg;    /* recv: unexpected message being completed into this request     */
     xccl_work_t *work;    /* owner                                                          */
     xccl_req_t  *next;    /* posted queue / work's request list                            */
@@ -187,7 +188,8 @@ struct xccl_work {
     int64_t       deadline_ms;
     int64_t       timeout_ms;
     /* p2p */
-    xccl_req_t   *req;
+    xccl_req_t   *req;     /* &p2p_req once posted                                          */
+    xccl_req_t    p2p_req;
     int           source; /* comm rank a completed receive came from; -1 otherwise     */
     /* coll */
     xccl_task_t   task;
@@ -252,6 +254,10 @@ struct xccl_ctx {
     uint64_t         *gone_ids;
     size_t            gone_next;
     uint64_t          staged_bytes; /* payload bytes held by unexpected messages          */
+    /* free lists of request and unexpected-message records (at most XCCL_POOL_MAX each) */
+    xccl_req_t       *req_pool;
+    xccl_umsg_t      *umsg_pool;
+    int               req_pool_n, umsg_pool_n;
     int               nwaiters;   /* threads inside xccl_work_wait                         */
     int               nasync;     /* active works nobody is waiting on                     */
     pthread_t         thread;
@@ -293,6 +299,12 @@ xccl_status_t xccl_req_post_recv(xccl_ctx_t *ctx, xccl_req_t *r);
 /* Removes a request from the posted queue, or closes its peer when a transport holds it,
  * so that it is retired with `st`. Lock held. */
 void          xccl_req_cancel(xccl_ctx_t *ctx, xccl_req_t *r, xccl_status_t st, const char *why);
+/* Request records: a zeroed one from the context's pool (NULL when out of memory), and back.
+ * Lock held. A request freed where the lock is not held (a Work released after its context)
+ * is simply free()d: pooled records are plain allocations. */
+#define XCCL_POOL_MAX 1024
+xccl_req_t   *xccl_req_get(xccl_ctx_t *ctx);
+void          xccl_req_put(xccl_ctx_t *ctx, xccl_req_t *r);
 /* Unlinks and frees a fully arrived unexpected message. Lock held. */
 void          xccl_umsg_drop(xccl_ctx_t *ctx, xccl_umsg_t *u);
 /* Frees the unexpected messages of a destroyed communicator; those still arriving are freed

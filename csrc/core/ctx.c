@@ -153,6 +153,16 @@ static void ctx_free(xccl_ctx_t *ctx)
         free(u->data);
         free(u);
     }
+    while (ctx->umsg_pool != NULL) {
+        xccl_umsg_t *u = ctx->umsg_pool;
+        ctx->umsg_pool = u->next;
+        free(u);
+    }
+    while (ctx->req_pool != NULL) {
+        xccl_req_t *r = ctx->req_pool;
+        ctx->req_pool = r->next;
+        free(r);
+    }
     if (ctx->peer_dead != NULL) {
         for (int i = 0; i < ctx->size; i++) free(ctx->peer_dead[i]);
     }
@@ -505,12 +515,51 @@ static void umsg_unlink(xccl_ctx_t *ctx, xccl_umsg_t *u)
     u->next = NULL;
 }
 
+xccl_req_t *xccl_req_get(xccl_ctx_t *ctx)
+{
+    xccl_req_t *r = ctx->req_pool;
+
+    if (r == NULL) return calloc(1, sizeof(*r));
+    ctx->req_pool = r->next;
+    ctx->req_pool_n--;
+    memset(r, 0, sizeof(*r));
+    return r;
+}
+
+void xccl_req_put(xccl_ctx_t *ctx, xccl_req_t *r)
+{
+    if (r->text || ctx->req_pool_n >= XCCL_POOL_MAX) {
+        free(r);
+        return;
+    }
+    r->next       = ctx->req_pool;
+    ctx->req_pool = r;
+    ctx->req_pool_n++;
+}
+
+static xccl_umsg_t *umsg_get(xccl_ctx_t *ctx)
+{
+    xccl_umsg_t *u = ctx->umsg_pool;
+
+    if (u == NULL) return calloc(1, sizeof(*u));
+    ctx->umsg_pool = u->next;
+    ctx->umsg_pool_n--;
+    memset(u, 0, sizeof(*u));
+    return u;
+}
+
 static void umsg_free(xccl_ctx_t *ctx, xccl_umsg_t *u)
 {
     umsg_unlink(ctx, u);
     ctx->staged_bytes -= u->data != NULL ? u->hdr.nbytes : 0;
     free(u->data);
-    free(u);
+    if (ctx->umsg_pool_n >= XCCL_POOL_MAX) {
+        free(u);
+        return;
+    }
+    u->next        = ctx->umsg_pool;
+    ctx->umsg_pool = u;
+    ctx->umsg_pool_n++;
 }
 
 void xccl_umsg_drop(xccl_ctx_t *ctx, xccl_umsg_t *u) { umsg_free(ctx, u); }
@@ -558,10 +607,8 @@ static void req_complete(xccl_ctx_t *ctx, xccl_req_t *r, xccl_status_t st)
     r->state  = REQ_DONE;
     r->status = st;
     r->t1     = trace_now(r);
-    free(r->trash);
-    r->trash = NULL;
     if (w == NULL) { /* an ownerless control notice */
-        free(r);
+        xccl_req_put(ctx, r);
         return;
     }
     xccl_trace_req(r);
@@ -649,11 +696,10 @@ static xccl_status_t up_recv_match(void *core, int peer, const xccl_msg_hdr_t *h
         r->state    = REQ_ACTIVE;
         req_hold(r);
         if (hdr->nbytes > r->nbytes) {
-            /* drain into a trash buffer, then fail the receive (no truncation) */
-            r->trash = malloc(hdr->nbytes);
-            if (r->trash == NULL) return XCCL_ERR_NO_MEMORY;
+            /* the transport drops the payload; the receive fails at recv_done (no
+             * truncation) */
             r->status = XCCL_ERR_INVALID_USAGE;
-            dst->ptr  = r->trash;
+            dst->ptr  = NULL;
         } else {
             dst->ptr = r->buf;
         }
@@ -663,7 +709,12 @@ static xccl_status_t up_recv_match(void *core, int peer, const xccl_msg_hdr_t *h
     if (defer(ctx, peer, hdr)) return XCCL_INPROGRESS;
 stage:
     ctx->defer_since[peer] = 0;
-    u = calloc(1, sizeof(*u));
+    if (discard) { /* the transport drops the payload; recv_done(NULL) is a no-op */
+        dst->ptr = NULL;
+        *cookie  = NULL;
+        return XCCL_OK;
+    }
+    u = umsg_get(ctx);
     if (u == NULL) return XCCL_ERR_NO_MEMORY;
     u->ctype  = COOKIE_UMSG;
     u->src    = peer;
@@ -672,14 +723,15 @@ stage:
     if (hdr->nbytes > 0) {
         u->data = malloc(hdr->nbytes);
         if (u->data == NULL) {
-            free(u);
+            u->next        = ctx->umsg_pool;
+            ctx->umsg_pool = u;
+            ctx->umsg_pool_n++;
             return XCCL_ERROR(XCCL_ERR_NO_MEMORY,
                               "no memory to stage a %llu-byte message from rank %d",
                               (unsigned long long)hdr->nbytes, peer);
         }
         ctx->staged_bytes += hdr->nbytes;
     }
-    if (discard) u->hdr.tag = ~0ull; /* freed when the payload is in */
     if (ctx->unexp_tail) ctx->unexp_tail->next = u;
     else ctx->unexp_head = u;
     ctx->unexp_tail = u;

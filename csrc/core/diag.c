@@ -146,9 +146,10 @@ static int send_ctrl(xccl_ctx_t *ctx, uint64_t comm_id, int world_peer, uint64_t
                      const char *text)
 {
     size_t      n = text ? strlen(text) + 1 : 0;
-    xccl_req_t *r = calloc(1, sizeof(*r) + n);
+    xccl_req_t *r = n ? calloc(1, sizeof(*r) + n) : xccl_req_get(ctx);
 
     if (r == NULL) return -1;
+    r->text    = n > 0;
     r->kind    = REQ_SEND;
     r->peer    = world_peer;
     r->comm_id = comm_id;
@@ -157,7 +158,7 @@ static int send_ctrl(xccl_ctx_t *ctx, uint64_t comm_id, int world_peer, uint64_t
     r->nbytes  = n;
     if (n) memcpy(r->buf, text, n);
     if (ctx->peer_dead[world_peer] != NULL || xccl_req_post_send(ctx, r) < 0) {
-        free(r);
+        xccl_req_put(ctx, r);
         return -1;
     }
     return 0;

@@ -37,11 +37,11 @@ xccl_work_t *xccl_work_new(xccl_comm_t *comm, work_kind_t kind, const char *name
 
 void xccl_work_retain(xccl_work_t *w) { atomic_fetch_add(&w->refcount, 1); }
 
+/* Requests a failed collective left behind; the context may be gone, so not into its pool. */
 static void free_reqs(xccl_req_t *r)
 {
     while (r != NULL) {
         xccl_req_t *n = r->wnext;
-        free(r->trash);
         free(r);
         r = n;
     }
@@ -51,7 +51,6 @@ void xccl_work_release(xccl_work_t *w)
 {
     if (w == NULL || atomic_fetch_sub(&w->refcount, 1) != 1) return;
     free_reqs(w->task.reqs);
-    free(w->req);
     free(w->task.scratch);
     free(w->tmp);
     free(w->vcounts);

@@ -8,6 +8,9 @@
  *                orders on alternate ranks, all complete with the right sums; a stalled one
  *                posted behind a hundred pending receives times out within its own timeout and
  *                names the peer it waits for.
+ *   too_small    over tcp and over shm: a 4 MiB message for a posted 1 KiB receive fails that
+ *                receive with the clear error, is dropped by the transport without any buffer
+ *                of its size being allocated, and the next message from that peer is intact.
  *   churn        thousands of subgroups created and destroyed, each with a message it receives
  *                (possibly before this rank created it) and one it never receives (staged, or
  *                arriving after the destroy): the context holds a bounded number of
@@ -28,11 +31,35 @@
 
 static char store_path[256];
 
+/* The largest malloc since the counter was reset (the test's own malloc wraps glibc's; not
+ * under AddressSanitizer, which owns malloc). */
+#if defined(__SANITIZE_ADDRESS__)
+#define HOOK_MALLOC 0
+#else
+#define HOOK_MALLOC 1
+extern void *__libc_malloc(size_t n);
+static _Atomic size_t max_alloc;
+void                 *malloc(size_t n)
+{
+    size_t m = atomic_load_explicit(&max_alloc, memory_order_relaxed);
+    while (n > m && !atomic_compare_exchange_weak(&max_alloc, &m, n)) {
+    }
+    return __libc_malloc(n);
+}
+#endif
+
 /* Flags shared by the ranks of one job (mmap'd before the fork). */
 typedef struct shared {
     atomic_int stall_done;
+    atomic_int posted;
 } shared_t;
 static shared_t *SH;
+
+static int wait_posted(void)
+{
+    for (int i = 0; i < 30000 && atomic_load(&SH->posted) == 0; i++) usleep(1000);
+    return atomic_load(&SH->posted) != 0;
+}
 
 static double now_s(void)
 {
@@ -41,7 +68,7 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-static xccl_comm_t *make_comm(int rank, int size)
+static xccl_comm_t *make_comm_tp(int rank, int size, const char *transports)
 {
     xccl_store_t      *store = NULL;
     xccl_comm_t       *comm  = NULL;
@@ -53,11 +80,14 @@ static xccl_comm_t *make_comm(int rank, int size)
     cfg.store      = store;
     cfg.timeout_ms = 60000;
     cfg.name       = "engine";
+    cfg.transports = transports;
     if (xccl_comm_create(&cfg, &comm) != XCCL_OK)
         fprintf(stderr, "rank %d: comm create: %s\n", rank, xccl_last_error());
     xccl_store_release(store);
     return comm;
 }
+
+static xccl_comm_t *make_comm(int rank, int size) { return make_comm_tp(rank, size, NULL); }
 
 /* Element i of operation k on communicator `which`, contributed by rank r. */
 static int32_t contrib(int which, int k, int r, int i) { return which * 100000 + k * 37 + r * 3 + i; }
@@ -209,6 +239,60 @@ static void churn(xccl_comm_t *world, int rank, int size)
     CHECK_MSG(max_comms <= 2, "up to %d communicators held", max_comms);
 }
 
+enum { BIG = 4 << 20, SMALL = 1024, NEXT = 5000 };
+
+static uint8_t pattern(size_t i, int salt) { return (uint8_t)(i * 131 + (i >> 9) + (size_t)salt); }
+
+static int child_small(int rank, const char *tp)
+{
+    xccl_comm_t *c = make_comm_tp(rank, 2, tp);
+    xccl_work_t *w1, *w2;
+
+    if (c == NULL) return 2;
+    CHECK(strcmp(xccl_comm_peer_transport(c, 1 - rank), tp) == 0);
+    if (rank == 0) {
+        uint8_t *big = malloc(BIG), *next = malloc(NEXT);
+        for (size_t i = 0; i < BIG; i++) big[i] = pattern(i, 1);
+        for (size_t i = 0; i < NEXT; i++) next[i] = pattern(i, 2);
+        CHECK(wait_posted());
+        CHECK(xccl_isend(c, big, BIG, 1, 1, &w1) == XCCL_OK);
+        CHECK(xccl_isend(c, next, NEXT, 1, 2, &w2) == XCCL_OK);
+        CHECK(xccl_work_wait(w1, 30000) == XCCL_OK);
+        CHECK(xccl_work_wait(w2, 30000) == XCCL_OK);
+        xccl_work_release(w1);
+        xccl_work_release(w2);
+        free(big);
+        free(next);
+    } else {
+        uint8_t *small = malloc(SMALL), *next = malloc(NEXT);
+        int      ok    = 1;
+        CHECK(xccl_irecv(c, small, SMALL, 0, 1, &w1) == XCCL_OK);
+        CHECK(xccl_irecv(c, next, NEXT, 0, 2, &w2) == XCCL_OK);
+#if HOOK_MALLOC
+        atomic_store(&max_alloc, 0);
+#endif
+        atomic_store(&SH->posted, 1);
+        CHECK(xccl_work_wait(w1, 30000) == XCCL_ERR_INVALID_USAGE);
+        CHECK_MSG(strstr(xccl_work_error(w1), "smaller than the 4194304-byte message") != NULL,
+                  "%s: %s", tp, xccl_work_error(w1));
+        CHECK_MSG(xccl_work_wait(w2, 30000) == XCCL_OK, "%s: %s", tp, xccl_work_error(w2));
+        for (size_t i = 0; i < NEXT; i++) ok &= next[i] == pattern(i, 2);
+        CHECK_MSG(ok, "%s: the message after the dropped one is corrupt", tp);
+#if HOOK_MALLOC
+        CHECK_MSG(atomic_load(&max_alloc) < BIG, "%s: a %zu-byte allocation", tp,
+                  atomic_load(&max_alloc));
+#endif
+        xccl_work_release(w1);
+        xccl_work_release(w2);
+        free(small);
+        free(next);
+    }
+    CHECK(xccl_barrier(c, NULL, &w1) == XCCL_OK && xccl_work_wait(w1, 30000) == XCCL_OK);
+    xccl_work_release(w1);
+    xccl_comm_destroy(c);
+    return ctest_failures != 0;
+}
+
 static int child(int rank, int size)
 {
     xccl_comm_t *c = make_comm(rank, size);
@@ -248,6 +332,26 @@ int main(void)
             waitpid(pids[r], &status, 0);
             if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
                 fprintf(stderr, "size %d: rank %d failed (status %d)\n", size, r, status);
+                failed++;
+            }
+        }
+        unlink(store_path);
+    }
+    for (int k = 0; k < 2; k++) {
+        const char *tp = k == 0 ? "tcp" : "shm";
+        pid_t       pids[2];
+        memset(SH, 0, sizeof(*SH));
+        snprintf(store_path, sizeof(store_path), "/tmp/xccl-test-engine-%d-%s", (int)getpid(), tp);
+        unlink(store_path);
+        for (int r = 0; r < 2; r++) {
+            pids[r] = fork();
+            if (pids[r] == 0) _exit(child_small(r, tp));
+        }
+        for (int r = 0; r < 2; r++) {
+            int status = 0;
+            waitpid(pids[r], &status, 0);
+            if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+                fprintf(stderr, "too_small over %s: rank %d failed (status %d)\n", tp, r, status);
                 failed++;
             }
         }
