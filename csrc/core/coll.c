@@ -240,10 +240,7 @@ void xccl_task_scratch_return(xccl_task_t *t, int reuse)
 
 static xccl_work_t *find_coll(xccl_comm_t *comm, uint64_t seq)
 {
-    for (xccl_work_t *w = comm->works_head; w != NULL; w = w->cm_next) {
-        if (w->kind == WORK_COLL && w->seq == seq) return w;
-    }
-    return NULL;
+    return xccl_u64map_get(&comm->colls, seq + 1); /* active collectives by seq + 1 */
 }
 
 void xccl_coll_mismatch(xccl_comm_t *comm, uint64_t seq, int peer_rank, uint64_t peer_fp,

@@ -23,11 +23,15 @@ static xccl_comm_t *comm_alloc(xccl_ctx_t *ctx, int rank, int size, const char *
     xccl_comm_t *c = calloc(1, sizeof(*c));
 
     if (c == NULL) return NULL;
-    c->world = calloc((size_t)size, sizeof(int));
-    if (c->world == NULL) {
-        free(c);
+    c->world   = calloc((size_t)size, sizeof(int));
+    c->rank_of = malloc((size_t)ctx->size * sizeof(int));
+    c->posted  = calloc((size_t)size, sizeof(*c->posted));
+    c->unexp   = calloc((size_t)size, sizeof(*c->unexp));
+    if (c->world == NULL || c->rank_of == NULL || c->posted == NULL || c->unexp == NULL) {
+        xccl_comm_free(c);
         return NULL;
     }
+    for (int i = 0; i < ctx->size; i++) c->rank_of[i] = -1;
     c->ctx  = ctx;
     c->refs = 1; /* the user's handle */
     c->rank = rank;
@@ -57,21 +61,24 @@ xccl_status_t xccl_comm_create(const xccl_comm_config_t *cfg, xccl_comm_t **out)
         xccl_ctx_release(ctx);
         return XCCL_ERROR(XCCL_ERR_NO_MEMORY, "comm create: out of memory");
     }
-    for (int i = 0; i < cfg->size; i++) c->world[i] = i;
+    for (int i = 0; i < cfg->size; i++) c->world[i] = c->rank_of[i] = i;
     if (xccl_comm_topo_init(c) < 0) {
-        free(c->world);
-        free(c);
+        xccl_comm_free(c);
         xccl_ctx_release(ctx);
         return XCCL_ERROR(XCCL_ERR_NO_MEMORY, "comm create: out of memory");
     }
     c->id         = ctx->job_id;
     c->timeout_ms = c2.timeout_ms;
+    pthread_mutex_lock(&ctx->lock);
     if (xccl_u64map_put(&ctx->comms, c->id, c) < 0) {
+        pthread_mutex_unlock(&ctx->lock);
         xccl_comm_free(c);
         xccl_ctx_release(ctx);
         return XCCL_ERROR(XCCL_ERR_NO_MEMORY, "comm create: out of memory");
     }
     ctx->ncomms = 1;
+    xccl_ctx_adopt(ctx, c);
+    pthread_mutex_unlock(&ctx->lock);
     *out        = c;
     xccl_diag_comm_ready(c); /* idle ranks answer hang-diagnosis queries */
     XCCL_INFO("comm '%s' rank %d/%d created (job %016llx)", c->name, c->rank, c->size,
@@ -113,11 +120,13 @@ xccl_status_t xccl_comm_split(xccl_comm_t *parent, int nranks, const int *ranks,
     ctx = parent->ctx;
     c   = comm_alloc(ctx, me, nranks, name);
     if (c == NULL) return XCCL_ERROR(XCCL_ERR_NO_MEMORY, "comm split: out of memory");
-    for (int i = 0; i < nranks; i++) c->world[i] = parent->world[ranks[i]];
+    for (int i = 0; i < nranks; i++) {
+        c->world[i]             = parent->world[ranks[i]];
+        c->rank_of[c->world[i]] = i;
+    }
     c->timeout_ms = parent->timeout_ms;
     if (xccl_comm_topo_init(c) < 0) {
-        free(c->world);
-        free(c);
+        xccl_comm_free(c);
         return XCCL_ERROR(XCCL_ERR_NO_MEMORY, "comm split: out of memory");
     }
 
@@ -146,6 +155,7 @@ xccl_status_t xccl_comm_split(xccl_comm_t *parent, int nranks, const int *ranks,
     }
     ctx->ncomms++;
     ctx->refcount++;
+    xccl_ctx_adopt(ctx, c);
     pthread_mutex_unlock(&ctx->lock);
     *out = c;
     return XCCL_OK;
@@ -174,7 +184,7 @@ static void comm_shutdown(xccl_comm_t *comm, const char *what)
     free(comm->spare); /* failed operations freed their own scratch */
     comm->spare     = NULL;
     comm->spare_len = 0;
-    xccl_umsg_drop_comm(ctx, comm->id); /* they will never be received */
+    xccl_umsg_drop_comm(ctx, comm); /* they will never be received */
     pthread_mutex_unlock(&ctx->lock);
     xccl_ctx_run_callbacks(ctx);
 }
@@ -203,9 +213,13 @@ void xccl_comm_free(xccl_comm_t *c)
 {
     free(c->trace);
     free(c->world);
+    free(c->rank_of);
+    free(c->posted);
+    free(c->unexp);
     free((void *)c->topo.node_of);
     free(c->spare);
     xccl_u64map_free(&c->splits);
+    xccl_u64map_free(&c->colls);
     free(c);
 }
 
@@ -241,10 +255,8 @@ int xccl_comm_global_rank(const xccl_comm_t *comm, int rank)
 
 int xccl_comm_rank_of_world(const xccl_comm_t *comm, int world_rank)
 {
-    for (int i = 0; i < comm->size; i++) {
-        if (comm->world[i] == world_rank) return i;
-    }
-    return -1;
+    if (comm->rank_of == NULL || world_rank < 0 || world_rank >= comm->ctx->size) return -1;
+    return comm->rank_of[world_rank];
 }
 
 const char *xccl_comm_peer_transport(const xccl_comm_t *comm, int peer)

@@ -92,8 +92,9 @@ struct xccl_req {
                            * never pooled                                                 */
     xccl_umsg_t *umsg;    /* recv: unexpected message being completed into this request     */
     xccl_work_t *work;    /* owner                                                          */
-    xccl_req_t  *next;    /* posted queue / work's request list                            */
-    xccl_req_t  *wnext;
+    uint64_t     pseq;    /* recv: posting order within its communicator (any-source rule)  */
+    xccl_req_t  *next, *prev; /* recv: its posted queue (comm->posted[peer] or comm->any)   */
+    xccl_req_t  *wnext;   /* the Work's request list                                      */
 };
 
 /* The world rank a request exchanges with: a send's destination, a receive's posted source,
@@ -101,7 +102,10 @@ struct xccl_req {
  * receive has matched nothing. */
 static inline int xccl_req_world_peer(const xccl_req_t *r);
 
-/* A message that arrived before its receive was posted. */
+/* A message that arrived before its receive was posted. It is on ctx->unexp (every one, in
+ * arrival order) and, unless it is a control message or its communicator does not exist here
+ * (yet), on its communicator's queue for the sender (comm->unexp[cidx]) and the
+ * communicator's arrival list (any-source receives). */
 struct xccl_umsg {
     int            ctype; /* COOKIE_UMSG */
     int            src;   /* world rank */
@@ -110,8 +114,19 @@ struct xccl_umsg {
     int            done; /* payload fully arrived */
     xccl_status_t  status;
     xccl_req_t    *waiter; /* receive matched while the payload was still arriving */
-    xccl_umsg_t   *next;
+    xccl_comm_t   *comm;   /* whose queues it is on; NULL: only on ctx->unexp            */
+    int            cidx;   /* comm rank of src                                         */
+    xccl_umsg_t   *next, *prev;   /* ctx->unexp                                         */
+    xccl_umsg_t   *pnext, *pprev; /* comm->unexp[cidx]                                  */
+    xccl_umsg_t   *anext, *aprev; /* comm->arrivals                                     */
 };
+
+typedef struct xccl_req_q {
+    xccl_req_t *head, *tail;
+} xccl_req_q_t;
+typedef struct xccl_umsg_q {
+    xccl_umsg_t *head, *tail;
+} xccl_umsg_q_t;
 
 /* A communicator is freed (under the context lock) once it is destroyed and nothing references
  * it: `refs` counts the user's handle until xccl_comm_destroy, each active Work (activate to
@@ -123,6 +138,16 @@ struct xccl_comm {
     uint64_t     id;
     int          rank, size;
     int         *world; /* world rank of each comm rank                                    */
+    int         *rank_of; /* comm rank of each world rank (-1: not a member)               */
+    /* matching (ctx.c): posted specific receives and unexpected messages per sending comm
+     * rank, posted any-source receives, unexpected messages in arrival order; the active
+     * collectives by seq + 1 (fingerprint checks) */
+    xccl_req_q_t  *posted;
+    xccl_req_q_t   any;
+    xccl_umsg_q_t *unexp;
+    xccl_umsg_q_t  arrivals;
+    uint64_t       post_seq;
+    xccl_u64map_t  colls;
     uint64_t     next_seq;
     uint64_t     parent_id; /* id of the communicator it was split from (0: none)        */
     int64_t      timeout_ms;
@@ -242,8 +267,9 @@ struct xccl_ctx {
     int64_t          *defer_since;
     int64_t           defer_ms;
     uint64_t          defer_min;
-    xccl_req_t       *posted_head, *posted_tail;
-    xccl_umsg_t      *unexp_head, *unexp_tail;
+    xccl_umsg_t      *unexp_head, *unexp_tail; /* every unexpected message, arrival order */
+    uint64_t          match_headers; /* headers matched (recv_match)                        */
+    uint64_t          match_probes;  /* queue entries those examined (tests: the cost)      */
     xccl_work_t      *coll_head, *coll_tail; /* active collectives, in posting order    */
     xccl_work_t      *dl_head, *dl_tail;     /* every active Work, earliest deadline first */
     xccl_cursor_t    *cursors;               /* walks in progress over those lists        */
@@ -309,7 +335,10 @@ void          xccl_req_put(xccl_ctx_t *ctx, xccl_req_t *r);
 void          xccl_umsg_drop(xccl_ctx_t *ctx, xccl_umsg_t *u);
 /* Frees the unexpected messages of a destroyed communicator; those still arriving are freed
  * when their payload is in. Lock held. */
-void          xccl_umsg_drop_comm(xccl_ctx_t *ctx, uint64_t comm_id);
+void          xccl_umsg_drop_comm(xccl_ctx_t *ctx, xccl_comm_t *comm);
+/* A communicator joined ctx->comms: its unexpected messages that arrived before move onto its
+ * queues, in arrival order. Lock held. */
+void          xccl_ctx_adopt(xccl_ctx_t *ctx, xccl_comm_t *comm);
 /* A request finished (called by ctx.c); routes to the owning Work. Lock held. */
 void          xccl_req_finished(xccl_ctx_t *ctx, xccl_req_t *r);
 

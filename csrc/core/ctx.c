@@ -479,40 +479,97 @@ void xccl_ctx_release(xccl_ctx_t *ctx)
 /* Matching                                                                                    */
 /* ------------------------------------------------------------------------------------------ */
 
-static int req_matches(const xccl_req_t *r, int src, const xccl_msg_hdr_t *h)
+/* Lists: posted receives are doubly linked in their queue (comm->posted[comm rank of the
+ * source] or comm->any); unexpected messages on ctx->unexp and, when their communicator exists
+ * here, on comm->unexp[sender] and comm->arrivals. Every unlink is O(1). */
+
+static xccl_req_q_t *posted_q(xccl_comm_t *c, const xccl_req_t *r)
 {
-    return r->comm_id == h->comm_id && r->tag == h->tag &&
-           (r->peer == src || r->peer == XCCL_ANY_SOURCE);
+    return r->peer == XCCL_ANY_SOURCE ? &c->any : &c->posted[c->rank_of[r->peer]];
+}
+
+static void posted_link(xccl_comm_t *c, xccl_req_t *r)
+{
+    xccl_req_q_t *q = posted_q(c, r);
+
+    r->pseq = ++c->post_seq;
+    r->next = NULL;
+    r->prev = q->tail;
+    if (q->tail) q->tail->next = r;
+    else q->head = r;
+    q->tail = r;
 }
 
 static void posted_unlink(xccl_ctx_t *ctx, xccl_req_t *r)
 {
-    xccl_req_t **pp   = &ctx->posted_head;
-    xccl_req_t  *prev = NULL;
+    xccl_req_q_t *q = posted_q(r->work->comm, r);
 
-    while (*pp != NULL && *pp != r) {
-        prev = *pp;
-        pp   = &(*pp)->next;
-    }
-    if (*pp == NULL) return;
-    *pp = r->next;
-    if (ctx->posted_tail == r) ctx->posted_tail = prev;
-    r->next = NULL;
+    (void)ctx;
+    if (r->prev) r->prev->next = r->next;
+    else q->head = r->next;
+    if (r->next) r->next->prev = r->prev;
+    else q->tail = r->prev;
+    r->next = r->prev = NULL;
+}
+
+/* Puts u on its communicator's queues (c NULL: not created here yet; ctx->unexp only). */
+static void umsg_link_comm(xccl_comm_t *c, xccl_umsg_t *u)
+{
+    xccl_umsg_q_t *q;
+
+    u->comm = NULL;
+    if (c == NULL || tag_kind(u->hdr.tag) == TAG_KIND_CTRL) return; /* never received */
+    u->cidx = c->rank_of[u->src];
+    if (u->cidx < 0) return; /* from a non-member: nothing can receive it */
+    u->comm  = c;
+    q        = &c->unexp[u->cidx];
+    u->pnext = NULL;
+    u->pprev = q->tail;
+    if (q->tail) q->tail->pnext = u;
+    else q->head = u;
+    q->tail  = u;
+    u->anext = NULL;
+    u->aprev = c->arrivals.tail;
+    if (c->arrivals.tail) c->arrivals.tail->anext = u;
+    else c->arrivals.head = u;
+    c->arrivals.tail = u;
+}
+
+static void umsg_unlink_comm(xccl_umsg_t *u)
+{
+    xccl_comm_t   *c = u->comm;
+    xccl_umsg_q_t *q;
+
+    if (c == NULL) return;
+    q = &c->unexp[u->cidx];
+    if (u->pprev) u->pprev->pnext = u->pnext;
+    else q->head = u->pnext;
+    if (u->pnext) u->pnext->pprev = u->pprev;
+    else q->tail = u->pprev;
+    if (u->aprev) u->aprev->anext = u->anext;
+    else c->arrivals.head = u->anext;
+    if (u->anext) u->anext->aprev = u->aprev;
+    else c->arrivals.tail = u->aprev;
+    u->pnext = u->pprev = u->anext = u->aprev = NULL;
+    u->comm = NULL;
 }
 
 static void umsg_unlink(xccl_ctx_t *ctx, xccl_umsg_t *u)
 {
-    xccl_umsg_t **pp   = &ctx->unexp_head;
-    xccl_umsg_t  *prev = NULL;
+    umsg_unlink_comm(u);
+    if (u->prev) u->prev->next = u->next;
+    else ctx->unexp_head = u->next;
+    if (u->next) u->next->prev = u->prev;
+    else ctx->unexp_tail = u->prev;
+    u->next = u->prev = NULL;
+}
 
-    while (*pp != NULL && *pp != u) {
-        prev = *pp;
-        pp   = &(*pp)->next;
+void xccl_ctx_adopt(xccl_ctx_t *ctx, xccl_comm_t *comm)
+{
+    for (xccl_umsg_t *u = ctx->unexp_head; u != NULL; u = u->next) {
+        if (u->comm == NULL && u->hdr.comm_id == comm->id && u->hdr.tag != ~0ull)
+            umsg_link_comm(comm, u);
     }
-    if (*pp == NULL) return;
-    *pp = u->next;
-    if (ctx->unexp_tail == u) ctx->unexp_tail = prev;
-    u->next = NULL;
 }
 
 xccl_req_t *xccl_req_get(xccl_ctx_t *ctx)
@@ -564,13 +621,17 @@ static void umsg_free(xccl_ctx_t *ctx, xccl_umsg_t *u)
 
 void xccl_umsg_drop(xccl_ctx_t *ctx, xccl_umsg_t *u) { umsg_free(ctx, u); }
 
-void xccl_umsg_drop_comm(xccl_ctx_t *ctx, uint64_t comm_id)
+void xccl_umsg_drop_comm(xccl_ctx_t *ctx, xccl_comm_t *comm)
 {
     for (xccl_umsg_t *u = ctx->unexp_head, *next; u != NULL; u = next) {
         next = u->next;
-        if (u->hdr.comm_id != comm_id || u->waiter != NULL) continue;
-        if (u->done) umsg_free(ctx, u);
-        else u->hdr.tag = ~0ull; /* freed when the payload is in */
+        if (u->hdr.comm_id != comm->id || u->waiter != NULL) continue;
+        if (u->done) {
+            umsg_free(ctx, u);
+        } else { /* freed when the payload is in; off the queues of comm, which may go first */
+            umsg_unlink_comm(u);
+            u->hdr.tag = ~0ull;
+        }
     }
 }
 
@@ -673,20 +734,37 @@ static xccl_status_t up_recv_match(void *core, int peer, const xccl_msg_hdr_t *h
         goto stage;
     }
     if (tag_kind(hdr->tag) == TAG_KIND_CTRL) goto stage; /* handled when complete */
+    ctx->match_headers++;
+    if (c == NULL) goto unexpected; /* a communicator this rank has not created yet */
     if (tag_kind(hdr->tag) == TAG_KIND_COLL) {
         /* check the call's fingerprint against the local collective with that seq */
-        if (c != NULL) {
-            for (xccl_work_t *w = c->works_head; w != NULL; w = w->cm_next) {
-                if (w->kind == WORK_COLL && w->seq == tag_seq(hdr->tag) && w->fp != hdr->fp) {
-                    xccl_coll_mismatch(c, w->seq, xccl_comm_rank_of_world(c, peer), hdr->fp, 1);
-                    discard = 1;
-                    goto stage;
-                }
-            }
+        xccl_work_t *w = xccl_u64map_get(&c->colls, tag_seq(hdr->tag) + 1);
+        ctx->match_probes++;
+        if (w != NULL && w->fp != hdr->fp) {
+            xccl_coll_mismatch(c, w->seq, xccl_comm_rank_of_world(c, peer), hdr->fp, 1);
+            discard = 1;
+            goto stage;
         }
     }
-    for (r = ctx->posted_head; r != NULL; r = r->next) {
-        if (req_matches(r, peer, hdr)) break;
+    /* the first match from that sender's queue and from the any-source queue: the one posted
+     * first wins */
+    {
+        int         src = c->rank_of[peer];
+        xccl_req_t *a;
+        r = NULL;
+        if (src >= 0) {
+            for (r = c->posted[src].head; r != NULL; r = r->next) {
+                ctx->match_probes++;
+                if (r->tag == hdr->tag) break;
+            }
+        }
+        for (a = c->any.head; a != NULL && (r == NULL || a->pseq < r->pseq); a = a->next) {
+            ctx->match_probes++;
+            if (a->tag == hdr->tag) {
+                r = a;
+                break;
+            }
+        }
     }
     if (r != NULL) {
         ctx->defer_since[peer] = 0;
@@ -706,6 +784,7 @@ static xccl_status_t up_recv_match(void *core, int peer, const xccl_msg_hdr_t *h
         *cookie = r;
         return XCCL_OK;
     }
+unexpected:
     if (defer(ctx, peer, hdr)) return XCCL_INPROGRESS;
 stage:
     ctx->defer_since[peer] = 0;
@@ -732,10 +811,13 @@ stage:
         }
         ctx->staged_bytes += hdr->nbytes;
     }
+    u->next = NULL;
+    u->prev = ctx->unexp_tail;
     if (ctx->unexp_tail) ctx->unexp_tail->next = u;
     else ctx->unexp_head = u;
     ctx->unexp_tail = u;
-    dst->ptr        = u->data;
+    umsg_link_comm(c, u);
+    dst->ptr = u->data;
     *cookie         = u;
     return XCCL_OK;
 }
@@ -784,13 +866,19 @@ static void up_peer_failed(void *core, int peer, xccl_status_t st, const char *w
 
     if (ctx->peer_dead[peer] == NULL) ctx->peer_dead[peer] = strdup(why ? why : "failed");
     snprintf(msg, sizeof(msg), "rank %d (world) failed: %s", peer, why ? why : "failed");
-    for (r = ctx->posted_head; r != NULL; r = next) {
-        next = r->next;
-        if (r->peer != peer) continue;
-        posted_unlink(ctx, r);
-        xccl_error_set(st, "%s", msg);
-        req_complete(ctx, r, st);
-        failed++;
+    /* receives posted for it, on every communicator it belongs to (destroyed ones have none;
+     * live ones are not freed by this, so the table does not change under the walk) */
+    for (size_t i = 0; i < ctx->comms.cap; i++) {
+        xccl_comm_t *c = ctx->comms.vals[i];
+        int          idx;
+        if (ctx->comms.keys[i] == 0 || c->destroyed || (idx = c->rank_of[peer]) < 0) continue;
+        for (r = c->posted[idx].head; r != NULL; r = next) {
+            next = r->next;
+            posted_unlink(ctx, r);
+            xccl_error_set(st, "%s", msg);
+            req_complete(ctx, r, st);
+            failed++;
+        }
     }
     /* unexpected messages still arriving from the peer will never complete */
     for (xccl_umsg_t *u = ctx->unexp_head; u != NULL; u = u->next) {
@@ -864,16 +952,36 @@ xccl_status_t xccl_req_post_send(xccl_ctx_t *ctx, xccl_req_t *r)
     return st;
 }
 
+/* The first unexpected message r can take: from its source's queue, or for an any-source
+ * receive the earliest arrival of its communicator with its tag. */
+static xccl_umsg_t *unexp_find(xccl_ctx_t *ctx, xccl_comm_t *c, const xccl_req_t *r)
+{
+    xccl_umsg_t *u;
+
+    if (r->peer != XCCL_ANY_SOURCE) {
+        int src = c->rank_of[r->peer];
+        for (u = src >= 0 ? c->unexp[src].head : NULL; u != NULL; u = u->pnext) {
+            ctx->match_probes++;
+            if (u->waiter == NULL && u->hdr.tag == r->tag) return u;
+        }
+        return NULL;
+    }
+    for (u = c->arrivals.head; u != NULL; u = u->anext) {
+        ctx->match_probes++;
+        if (u->waiter == NULL && u->hdr.tag == r->tag) return u;
+    }
+    return NULL;
+}
+
 xccl_status_t xccl_req_post_recv(xccl_ctx_t *ctx, xccl_req_t *r)
 {
+    xccl_comm_t *c = r->work->comm;
     xccl_umsg_t *u;
 
     r->ctype  = COOKIE_REQ;
     r->status = XCCL_INPROGRESS;
     r->t0     = trace_now(r);
-    for (u = ctx->unexp_head; u != NULL; u = u->next) {
-        if (u->waiter == NULL && req_matches(r, u->src, &u->hdr)) break;
-    }
+    u         = c->arrivals.head != NULL ? unexp_find(ctx, c, r) : NULL;
     if (u != NULL) {
         if (u->done) {
             r->state = REQ_POSTED;
@@ -890,10 +998,7 @@ xccl_status_t xccl_req_post_recv(xccl_ctx_t *ctx, xccl_req_t *r)
                           ctx->peer_dead[r->peer]);
     }
     r->state = REQ_POSTED;
-    r->next  = NULL;
-    if (ctx->posted_tail) ctx->posted_tail->next = r;
-    else ctx->posted_head = r;
-    ctx->posted_tail = r;
+    posted_link(c, r);
     return XCCL_OK;
 }
 

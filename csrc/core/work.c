@@ -105,6 +105,8 @@ void xccl_work_activate(xccl_work_t *w, int blocking)
         if (ctx->coll_tail) ctx->coll_tail->next = w;
         else ctx->coll_head = w;
         ctx->coll_tail = w;
+        /* out of memory only costs the early fingerprint check of this operation */
+        (void)xccl_u64map_put(&comm->colls, w->seq + 1, w);
     }
     w->cm_next = NULL;
     w->cm_prev = comm->works_tail;
@@ -128,6 +130,8 @@ static void active_unlink(xccl_ctx_t *ctx, xccl_work_t *w)
         if (w->next) w->next->prev = w->prev;
         else ctx->coll_tail = w->prev;
         w->next = w->prev = NULL;
+        if (xccl_u64map_get(&comm->colls, w->seq + 1) == w)
+            (void)xccl_u64map_del(&comm->colls, w->seq + 1);
     }
     if (w->cm_prev) w->cm_prev->cm_next = w->cm_next;
     else comm->works_head = w->cm_next;

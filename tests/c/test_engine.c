@@ -11,6 +11,10 @@
  *   too_small    over tcp and over shm: a 4 MiB message for a posted 1 KiB receive fails that
  *                receive with the clear error, is dropped by the transport without any buffer
  *                of its size being allocated, and the next message from that peer is intact.
+ *   matching     posting order across any-source and specific receives, for posted receives
+ *                and for unexpected messages; and the cost: with hundreds of receives pending
+ *                on other communicators and from other peers, a header is matched after
+ *                examining at most two queue entries (ctx->match_probes / match_headers).
  *   churn        thousands of subgroups created and destroyed, each with a message it receives
  *                (possibly before this rank created it) and one it never receives (staged, or
  *                arriving after the destroy): the context holds a bounded number of
@@ -186,6 +190,154 @@ static void many_works(xccl_comm_t *world, int rank, int size)
     free(buf);
 }
 
+static void barrier(xccl_comm_t *c)
+{
+    xccl_work_t *w;
+    CHECK(xccl_barrier(c, NULL, &w) == XCCL_OK && xccl_work_wait(w, 30000) == XCCL_OK);
+    xccl_work_release(w);
+}
+
+static void send_val(xccl_comm_t *c, int peer, uint32_t tag, int32_t v)
+{
+    xccl_work_t *w;
+    CHECK(xccl_isend(c, &v, sizeof(v), peer, tag, &w) == XCCL_OK);
+    CHECK(xccl_work_wait(w, 30000) == XCCL_OK);
+    xccl_work_release(w);
+}
+
+/* Waits for a receive of one int32 and checks its value and source. */
+static void want(xccl_work_t *w, const int32_t *v, int32_t value, int src, const char *what)
+{
+    CHECK_MSG(xccl_work_wait(w, 30000) == XCCL_OK, "%s: %s", what, xccl_work_error(w));
+    CHECK_MSG(*v == value && xccl_work_source(w) == src, "%s: got %d from %d, want %d from %d",
+              what, (int)*v, xccl_work_source(w), (int)value, src);
+    xccl_work_release(w);
+}
+
+enum { NC = 12, NP = 20, NM = 50 };
+
+static void matching(xccl_comm_t *world, int rank, int size)
+{
+    xccl_ctx_t  *ctx = world->ctx;
+    int32_t      v[8];
+    xccl_work_t *w[8];
+    int          all[16];
+
+    /* posted: any, specific, any - all tag 5 - take rank 1's three messages in that order */
+    if (rank == 0) {
+        CHECK(xccl_irecv(world, &v[0], 4, XCCL_ANY_SOURCE, 5, &w[0]) == XCCL_OK);
+        CHECK(xccl_irecv(world, &v[1], 4, 1, 5, &w[1]) == XCCL_OK);
+        CHECK(xccl_irecv(world, &v[2], 4, XCCL_ANY_SOURCE, 5, &w[2]) == XCCL_OK);
+        CHECK(xccl_irecv(world, &v[3], 4, 1, 6, &w[3]) == XCCL_OK);
+        CHECK(xccl_irecv(world, &v[4], 4, XCCL_ANY_SOURCE, 6, &w[4]) == XCCL_OK);
+    }
+    barrier(world);
+    if (rank == 1) {
+        for (int k = 1; k <= 3; k++) send_val(world, 0, 5, k);
+        send_val(world, 0, 6, 11);
+        send_val(world, 0, 6, 12);
+    }
+    if (rank == 0) {
+        want(w[0], &v[0], 1, 1, "any-source posted first");
+        want(w[1], &v[1], 2, 1, "specific posted second");
+        want(w[2], &v[2], 3, 1, "any-source posted third");
+        want(w[3], &v[3], 11, 1, "specific posted before any-source");
+        want(w[4], &v[4], 12, 1, "any-source posted after specific");
+    }
+    if (size >= 3) {
+        /* unexpected: an any-source receive takes the earliest arrival of any sender */
+        if (rank == 1) send_val(world, 0, 7, 21);
+        barrier(world);
+        if (rank == 2) send_val(world, 0, 7, 22);
+        if (rank == 2) send_val(world, 0, 8, 31);
+        barrier(world);
+        if (rank == 1) send_val(world, 0, 8, 32);
+        barrier(world);
+        if (rank == 0) {
+            CHECK(xccl_irecv(world, &v[0], 4, XCCL_ANY_SOURCE, 7, &w[0]) == XCCL_OK);
+            CHECK(xccl_irecv(world, &v[1], 4, XCCL_ANY_SOURCE, 7, &w[1]) == XCCL_OK);
+            CHECK(xccl_irecv(world, &v[2], 4, 1, 8, &w[2]) == XCCL_OK);
+            CHECK(xccl_irecv(world, &v[3], 4, XCCL_ANY_SOURCE, 8, &w[3]) == XCCL_OK);
+            want(w[0], &v[0], 21, 1, "earliest unexpected");
+            want(w[1], &v[1], 22, 2, "next unexpected");
+            want(w[2], &v[2], 32, 1, "specific unexpected");
+            want(w[3], &v[3], 31, 2, "any-source unexpected after a specific one took its own");
+        }
+    }
+
+    /* the cost of matching does not grow with the receives pending elsewhere */
+    {
+        xccl_comm_t  *c[NC];
+        int32_t      *pv = calloc((size_t)NC * NP * 16 + NC, sizeof(int32_t));
+        int32_t      *mv = calloc((size_t)NM * 16, sizeof(int32_t));
+        xccl_work_t **pw = calloc((size_t)NC * NP * 16 + NC, sizeof(*pw));
+        xccl_work_t **mw = calloc((size_t)NM * 16, sizeof(*mw));
+        size_t        np = 0;
+        uint64_t      headers = 0, probes = 0;
+
+        for (int r = 0; r < size; r++) all[r] = r;
+        for (int i = 0; i < NC; i++) CHECK(xccl_comm_split(world, size, all, "m", &c[i]) == XCCL_OK);
+        if (rank == 0) {
+            for (int i = 0; i < NC - 1; i++) {
+                for (int p = 1; p < size; p++) {
+                    for (int k = 0; k < NP; k++, np++)
+                        CHECK(xccl_irecv(c[i], &pv[np], 4, p, (uint32_t)(1000 + k), &pw[np]) ==
+                              XCCL_OK);
+                }
+                CHECK(xccl_irecv(c[i], &pv[np], 4, XCCL_ANY_SOURCE, 3000, &pw[np]) == XCCL_OK);
+                np++;
+            }
+            for (int p = 1; p < size; p++) {
+                for (int k = 0; k < NM; k++)
+                    CHECK(xccl_irecv(c[NC - 1], &mv[(p - 1) * NM + k], 4, p, (uint32_t)(2000 + k),
+                                     &mw[(p - 1) * NM + k]) == XCCL_OK);
+            }
+            pthread_mutex_lock(&ctx->lock);
+            ctx->match_headers = ctx->match_probes = 0;
+            pthread_mutex_unlock(&ctx->lock);
+        }
+        barrier(world);
+        if (rank != 0) {
+            for (int k = 0; k < NM; k++) send_val(c[NC - 1], 0, (uint32_t)(2000 + k), rank * 1000 + k);
+        } else {
+            for (int p = 1; p < size; p++) {
+                for (int k = 0; k < NM; k++)
+                    want(mw[(p - 1) * NM + k], &mv[(p - 1) * NM + k], p * 1000 + k, p, "measured");
+            }
+            pthread_mutex_lock(&ctx->lock);
+            headers = ctx->match_headers;
+            probes  = ctx->match_probes;
+            pthread_mutex_unlock(&ctx->lock);
+            CHECK_MSG(headers >= (uint64_t)NM * (size - 1) && probes <= 2 * headers,
+                      "%llu queue entries examined for %llu headers with %zu receives pending",
+                      (unsigned long long)probes, (unsigned long long)headers, np);
+        }
+        barrier(world);
+        /* now the pending ones */
+        if (rank != 0) {
+            for (int i = 0; i < NC - 1; i++) {
+                for (int k = 0; k < NP; k++) send_val(c[i], 0, (uint32_t)(1000 + k), rank * 100 + k);
+                if (rank == 1) send_val(c[i], 0, 3000, 7);
+            }
+        } else {
+            np = 0;
+            for (int i = 0; i < NC - 1; i++) {
+                for (int p = 1; p < size; p++) {
+                    for (int k = 0; k < NP; k++, np++) want(pw[np], &pv[np], p * 100 + k, p, "pending");
+                }
+                want(pw[np], &pv[np], 7, 1, "pending any-source");
+                np++;
+            }
+        }
+        barrier(world);
+        for (int i = 0; i < NC; i++) xccl_comm_destroy(c[i]);
+        free(pv);
+        free(mv);
+        free(pw);
+        free(mw);
+    }
+}
+
 enum { NCHURN = 3000 };
 
 static void churn(xccl_comm_t *world, int rank, int size)
@@ -300,6 +452,7 @@ static int child(int rank, int size)
 
     if (c == NULL) return 2;
     many_works(c, rank, size);
+    matching(c, rank, size);
     churn(c, rank, size);
     /* leave together: a rank that exits early looks like a failure to the others */
     CHECK(xccl_barrier(c, NULL, &w) == XCCL_OK && xccl_work_wait(w, 30000) == XCCL_OK);
