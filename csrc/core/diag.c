@@ -20,8 +20,10 @@
  * Cost: nothing while no operation times out (no state, no messages). A timeout adds at most
  *   the collection time, min(1 s, timeout / 4) but at least 100 ms (XCCL_DIAG_WAIT_MS
  *   overrides; 0 turns the table off), usually much less: it ends when every member answered
- *   or is known dead. The context lock is held throughout (the asker pumps the transports
- *   itself), so other threads of the process wait that long.
+ *   or is known dead. The asker pumps the transports under the context lock and sleeps
+ *   without it, so the process's other threads go on meanwhile: they may deliver the answers,
+ *   finish the operation that timed out, or destroy its communicator (the table holds a
+ *   reference on it).
  *
  * Thread-safety: everything here runs under the context lock. The table of open collections
  *   is process-wide (several contexts may live in one process: xccl.launch threads mode) and
@@ -246,7 +248,8 @@ static void put_rows(char *buf, size_t len, size_t *off, const diag_wait_t *d,
     }
 }
 
-/* Pumps the transports (lock held) until every member answered or is dead, or wait_ms. */
+/* Pumps the transports until every member answered or is dead, or wait_ms. Lock held, but
+ * released while sleeping. */
 static void collect(diag_wait_t *d, uint8_t *dead, int64_t wait_ms)
 {
     xccl_ctx_t  *ctx      = d->ctx;
@@ -267,9 +270,11 @@ static void collect(diag_wait_t *d, uint8_t *dead, int64_t wait_ms)
             (void)ctx->tp[i].ops->progress(ctx->tp[i].ctx, &k);
             events += k;
         }
-        /* transports do not take the context lock: sleeping in them while holding it is safe,
-         * and only this thread's own answers are due meanwhile */
-        if (events == 0) xccl_ctx_sleep(ctx, 1);
+        if (events == 0) {
+            pthread_mutex_unlock(&ctx->lock);
+            xccl_ctx_sleep(ctx, 1);
+            pthread_mutex_lock(&ctx->lock);
+        }
     }
 }
 
@@ -296,6 +301,7 @@ static size_t table(xccl_comm_t *comm, int64_t wait_ms, int use_cache, char *buf
     d.rows = calloc((size_t)comm->size, sizeof(char *));
     dead   = calloc((size_t)comm->size, 1);
     if (d.rows == NULL || dead == NULL) goto out;
+    xccl_comm_ref(comm); /* the lock is let go while collecting */
     (void)xccl_diag_row(comm, row, sizeof(row));
     d.rows[comm->rank] = strdup(row);
     d.qid              = atomic_fetch_add(&next_qid, 1) & TAG_SEQ_MASK;
@@ -329,10 +335,11 @@ static size_t table(xccl_comm_t *comm, int64_t wait_ms, int use_cache, char *buf
     cache.comm_id = comm->id;
     cache.t_ms    = xccl_now_ms();
     pthread_mutex_unlock(&reg_lock);
-out:
     if (d.rows != NULL) {
         for (int r = 0; r < comm->size; r++) free(d.rows[r]);
     }
+    xccl_comm_unref(comm); /* comm may be gone now */
+out:
     free(d.rows);
     free(dead);
     return off;

@@ -275,7 +275,9 @@ void xccl_work_expire(xccl_work_t *w)
                                     r->state == REQ_ACTIVE ? "in transfer" : "not started",
                                     r->nbytes);
     }
-    /* diag.c: where every member is; may take a moment, during which w may fail otherwise */
+    /* diag.c: where every member is. It lets the lock go while it waits for answers, so w may
+     * finish otherwise meanwhile (its caller holds a reference; `expiring` keeps other
+     * progress passes from expiring it too) */
     off += xccl_diag_table(w->comm, xccl_diag_wait_ms(w->timeout_ms), msg + off, sizeof(msg) - off);
     if (!w->active) return;
     (void)xccl_error_report(XCCL_ERR_TIMEOUT, __FILE__, __LINE__, "%s", msg);

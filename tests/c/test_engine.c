@@ -15,6 +15,9 @@
  *                and for unexpected messages; and the cost: with hundreds of receives pending
  *                on other communicators and from other peers, a header is matched after
  *                examining at most two queue entries (ctx->match_probes / match_headers).
+ *   diag_unlocked  while an operation's timeout collects the hang table (3 s: one rank never
+ *                answers), another thread of the same process completes a ping-pong: the
+ *                collection does not hold the context lock while it waits.
  *   churn        thousands of subgroups created and destroyed, each with a message it receives
  *                (possibly before this rank created it) and one it never receives (staged, or
  *                arriving after the destroy): the context holds a bounded number of
@@ -24,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -56,6 +60,9 @@ void                 *malloc(size_t n)
 typedef struct shared {
     atomic_int stall_done;
     atomic_int posted;
+    atomic_int pong_done; /* rank 0's second thread finished its ping-pong */
+    atomic_int timed_out; /* rank 0's all_reduce returned */
+    atomic_int leave;
 } shared_t;
 static shared_t *SH;
 
@@ -445,6 +452,76 @@ static int child_small(int rank, const char *tp)
     return ctest_failures != 0;
 }
 
+typedef struct pong_arg {
+    xccl_comm_t *world;
+    int          rank;
+} pong_arg_t;
+
+/* Rank 0 and 1's second thread: after the all_reduce has timed out (0.5 s) and while its
+ * table is being collected (3 s), one exchange with the other rank over the world comm. */
+static void *pong_main(void *arg)
+{
+    pong_arg_t *a = arg;
+    int32_t     v = 0;
+
+    usleep(1500 * 1000);
+    if (a->rank == 0) {
+        send_val(a->world, 1, 40, 41);
+        CHECK(atomic_load(&SH->timed_out) == 0); /* still collecting */
+        {
+            xccl_work_t *w;
+            CHECK(xccl_irecv(a->world, &v, 4, 1, 41, &w) == XCCL_OK);
+            want(w, &v, 42, 1, "pong");
+        }
+        atomic_store(&SH->pong_done, atomic_load(&SH->timed_out) == 0 ? 1 : 2);
+    } else {
+        xccl_work_t *w;
+        CHECK(xccl_irecv(a->world, &v, 4, 0, 40, &w) == XCCL_OK);
+        want(w, &v, 41, 0, "ping");
+        send_val(a->world, 0, 41, 42);
+    }
+    return NULL;
+}
+
+static int child_diag(int rank)
+{
+    xccl_comm_t *c, *s;
+    int          all[3] = {0, 1, 2};
+    pthread_t    th;
+    pong_arg_t   arg;
+
+    setenv("XCCL_DIAG_WAIT_MS", "3000", 1);
+    if (rank == 2) setenv("XCCL_PROGRESS_THREAD", "0", 1); /* never answers a query */
+    c = make_comm(rank, 3);
+    if (c == NULL) return 2;
+    CHECK(xccl_comm_split(c, 3, all, "unlocked", &s) == XCCL_OK);
+    arg = (pong_arg_t){c, rank};
+    if (rank < 2) {
+        xccl_coll_opts_t opts = {.timeout_ms = 500};
+        int32_t          x[2] = {1, 2};
+        xccl_work_t     *w;
+        CHECK(pthread_create(&th, NULL, pong_main, &arg) == 0);
+        CHECK(xccl_allreduce(s, x, x, 2, XCCL_INT32, XCCL_OP_SUM, &opts, &w) == XCCL_OK);
+        CHECK(xccl_work_wait(w, 30000) == XCCL_ERR_TIMEOUT);
+        if (rank == 0) atomic_store(&SH->timed_out, 1);
+        CHECK_MSG(strstr(xccl_work_error(w), "rank 2: no answer") != NULL, "%s",
+                  xccl_work_error(w));
+        xccl_work_release(w);
+        pthread_join(th, NULL);
+        if (rank == 0)
+            CHECK_MSG(atomic_load(&SH->pong_done) == 1,
+                      "the ping-pong finished only after the table (%d)",
+                      atomic_load(&SH->pong_done));
+        atomic_fetch_add(&SH->leave, 1);
+    } else {
+        for (int i = 0; i < 30000 && atomic_load(&SH->leave) < 2; i++) usleep(1000);
+    }
+    xccl_comm_destroy(s);
+    barrier(c);
+    xccl_comm_destroy(c);
+    return ctest_failures != 0;
+}
+
 static int child(int rank, int size)
 {
     xccl_comm_t *c = make_comm(rank, size);
@@ -485,6 +562,25 @@ int main(void)
             waitpid(pids[r], &status, 0);
             if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
                 fprintf(stderr, "size %d: rank %d failed (status %d)\n", size, r, status);
+                failed++;
+            }
+        }
+        unlink(store_path);
+    }
+    {
+        pid_t pids[3];
+        memset(SH, 0, sizeof(*SH));
+        snprintf(store_path, sizeof(store_path), "/tmp/xccl-test-engine-%d-diag", (int)getpid());
+        unlink(store_path);
+        for (int r = 0; r < 3; r++) {
+            pids[r] = fork();
+            if (pids[r] == 0) _exit(child_diag(r));
+        }
+        for (int r = 0; r < 3; r++) {
+            int status = 0;
+            waitpid(pids[r], &status, 0);
+            if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+                fprintf(stderr, "diag_unlocked: rank %d failed (status %d)\n", r, status);
                 failed++;
             }
         }
