@@ -190,9 +190,9 @@ static const xccl_tp_upcalls_t *ctx_upcalls(xccl_ctx_t *ctx);
  * ranks all bound to one are). Every rank computes it from the same peer table, so the answer
  * is the job's, not a per-process guess: the algorithm selection may depend on it
  * (topo.scarce). On this rank's host, waiters then yield the CPU between polls (the rank
- * they wait for may need it; otherwise they poll flat out, as a sched_yield per poll costs a
- * system call, ~0.3 us in a VM, that delays noticing a message; XCCL_SPIN_YIELD=0/1
- * overrides), and the transports learn it at init. */
+ * they wait for may need it; otherwise they poll flat out, since a sched_yield per poll is a
+ * system call that delays noticing a message; XCCL_SPIN_YIELD=0/1 overrides), and the
+ * transports learn it at init. */
 static xccl_status_t scarce_hosts(xccl_ctx_t *ctx)
 {
     const xccl_peer_info_t *p = ctx->peers;
@@ -652,8 +652,8 @@ static void req_unhold(xccl_req_t *r)
     xccl_comm_unref(c);
 }
 
-/* A request's trace time: read only when its communicator traces (the clock costs ~25 ns in a
- * VM, several times per small operation). */
+/* A request's trace time: the clock is read only when its communicator traces (it would be
+ * read several times per small operation). */
 static uint64_t trace_now(const xccl_req_t *r)
 {
     return r->work != NULL && r->work->comm->trace_cap > 0 ? xccl_now_ns() : 0;
@@ -702,10 +702,9 @@ static void umsg_deliver(xccl_ctx_t *ctx, xccl_umsg_t *u, xccl_req_t *r)
  * the core's own), only over transports that can hold a message, and for a limited time:
  * everything behind it from that peer waits too, and a program may first need one of those
  * (a receive for a later tag), so the wait must end by itself. The limit is XCCL_DEFER_MS plus
- * 1 ms per MiB, about what staging the message would cost (page faults of a fresh buffer and
- * a copy run near 1 GB/s in a VM): the receiver of a large message is often busy with one as
- * large (TCP np=4 broadcast of 256 MiB, scatter_allgather's 64 MiB ring blocks: 367 ms with
- * the flat 10 ms, 191 ms with 200 ms). */
+ * 1 ms per MiB, about what staging the message would cost (faulting in a fresh buffer and
+ * copying into it): the receiver of a large message is often busy with one as large, so the
+ * limit grows with the size rather than being one flat time. */
 static int defer(xccl_ctx_t *ctx, int peer, const xccl_msg_hdr_t *hdr)
 {
     int64_t now;

@@ -91,8 +91,7 @@ void xccl_work_activate(xccl_work_t *w, int blocking)
     xccl_ctx_t  *ctx  = comm->ctx;
 
     if (!blocking) count_async(ctx, w, 0);
-    /* one clock read serves the enqueue time and the deadline (a clock read costs ~25 ns in
-     * a VM, a few percent of a small operation) */
+    /* one clock read serves the enqueue time and the deadline */
     w->t_enq       = xccl_now_ns();
     w->active      = 1;
     w->deadline_ms = w->timeout_ms > 0 ? (int64_t)(w->t_enq / 1000000u) + w->timeout_ms
@@ -418,10 +417,10 @@ xccl_status_t xccl_work_wait_us(xccl_work_t *w, int64_t slice_us)
     ctx->nwaiters--;
     /* the last waiter hands progress back to the thread (if it has async work) or lets a
      * closing context go on. Not after a short slice that ends with its own Work unfinished:
-     * such a caller waits again at once (the Python layer's GIL spin, 20 us, then the wait
-     * without the GIL), and waking the thread in between cost a 1 MiB tcp broadcast on 2
-     * vCPUs 2-3 thread wake-ups per call, paid by the sender's CPU; should it not come back,
-     * the thread takes the Work over at its next tick (2 ms), as count_async says. */
+     * such a caller waits again at once (the Python layer's short spin with the GIL, then the
+     * wait without it), and waking the thread in between would cost thread wake-ups on every
+     * call; should it not come back, the thread takes the Work over at its next tick (2 ms),
+     * as count_async says. */
     {
         int short_slice = slice_us >= 0 && slice_us < 1000;
         int hand_over =
