@@ -90,6 +90,9 @@ struct xccl_req {
     uint64_t     t0, t1;  /* trace times                                                    */
     int          text;    /* allocated with its payload after it (control notices): freed,
                            * never pooled                                                 */
+    int          tp;      /* slot of the transport holding it (REQ_ACTIVE); -1: self        */
+    xccl_rreg_t *reg;     /* its buffer's registration with that transport, or NULL        */
+    void        *ev;      /* recv: executor event of the copy out of a staged message     */
     xccl_umsg_t *umsg;    /* recv: unexpected message being completed into this request     */
     xccl_work_t *work;    /* owner                                                          */
     uint64_t     pseq;    /* recv: posting order within its communicator (any-source rule)  */
@@ -247,19 +250,49 @@ typedef struct tp_slot {
     const xccl_transport_ops_t *ops;
     xccl_tp_ctx_t              *ctx;
     xccl_rcache_t              *rcache; /* registrations (XCCL_TP_CAP_NEEDS_REG only)     */
+    int                         ui;     /* its entry in ctx->tp_core / ctx->tp_up          */
 } tp_slot_t;
+
+/* What a transport's upcalls get as `core`: the context and the slot of that transport, so a
+ * receive knows which transport delivers into it (slot -1: a self-send). The entries do not
+ * move when unused transports are dropped after wire-up; `slot` is updated instead. */
+typedef struct tp_core {
+    xccl_ctx_t *ctx;
+    int         slot;
+} tp_core_t;
+
+static inline const char *xccl_mem_type_name(xccl_mem_type_t mem)
+{
+    return mem == XCCL_MEM_HOST ? "host" : mem == XCCL_MEM_CUDA ? "cuda" : "unknown";
+}
+
+/* The data-path caps bit that accepts memory type mem. */
+static inline uint32_t xccl_tp_cap_for(xccl_mem_type_t mem)
+{
+    return mem == XCCL_MEM_HOST ? XCCL_TP_CAP_HOST_MEM
+           : mem == XCCL_MEM_CUDA ? XCCL_TP_CAP_CUDA_MEM
+                                  : 0;
+}
 
 struct xccl_ctx {
     pthread_mutex_t   lock;
     pthread_cond_t    cond;
-    xccl_tp_upcalls_t up;
+    xccl_tp_upcalls_t tp_up[XCCL_MAX_TRANSPORTS];
+    tp_core_t         tp_core[XCCL_MAX_TRANSPORTS];
+    tp_core_t         self_core; /* {ctx, -1}: the `core` of self-sends                 */
     int               refcount; /* communicators not destroyed yet (under lock)          */
     int               rank, size;
     uint64_t          job_id;
     xccl_peer_info_t *peers;
     tp_slot_t         tp[XCCL_MAX_TRANSPORTS];
     int               ntp;
-    int8_t           *peer_tp;   /* transport index per world rank (-1: self)             */
+    int8_t           *peer_tp;   /* transport slot per world rank for host memory (-1: self) */
+    /* transport slot per (memory type, world rank): [mem * size + rank]; -1: none moves that
+     * memory type to that rank (or self) */
+    int8_t           *peer_tp_mem;
+    /* staged messages being copied into their receive by an asynchronous executor: requests
+     * linked through `next`, tested in every progress pass */
+    xccl_req_t       *copies;
     char            **peer_dead; /* reason, or NULL while the peer is healthy            */
     uint8_t          *peer_scarce; /* its host runs more ranks of the job than their CPUs  */
     /* large unexpected messages held back in their transport (XCCL_TP_CAP_DEFER): when the

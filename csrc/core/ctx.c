@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "core/auth.h"
+#include "core/exec.h"
 
 /* ------------------------------------------------------------------------------------------ */
 /* Bootstrap helpers                                                                           */
@@ -145,6 +146,7 @@ static void ctx_free(xccl_ctx_t *ctx)
 {
     if (ctx == NULL) return;
     for (int i = 0; i < ctx->ntp; i++) {
+        if (ctx->tp[i].rcache != NULL) xccl_rcache_free(ctx->tp[i].rcache);
         if (ctx->tp[i].ctx != NULL) ctx->tp[i].ops->finalize(ctx->tp[i].ctx);
     }
     while (ctx->unexp_head != NULL) {
@@ -177,13 +179,14 @@ static void ctx_free(xccl_ctx_t *ctx)
     free(ctx->peer_scarce);
     free(ctx->defer_since);
     free(ctx->peer_tp);
+    free(ctx->peer_tp_mem);
     free(ctx->peers);
     pthread_mutex_destroy(&ctx->lock);
     pthread_cond_destroy(&ctx->cond);
     free(ctx);
 }
 
-static const xccl_tp_upcalls_t *ctx_upcalls(xccl_ctx_t *ctx);
+static const xccl_tp_upcalls_t *ctx_upcalls(xccl_ctx_t *ctx, int k);
 
 /* Whether each world rank's host runs more ranks of this job than the CPUs they may run on
  * together (the union of their affinity masks: ranks bound one per CPU are not short of CPUs,
@@ -250,13 +253,16 @@ xccl_status_t xccl_ctx_create(const xccl_comm_config_t *cfg, xccl_ctx_t **out)
     ctx->spin_ns = xccl_env_int("XCCL_SPIN_US", 50) * 1000;
     ctx->peers   = calloc((size_t)cfg->size, sizeof(*ctx->peers));
     ctx->peer_tp = calloc((size_t)cfg->size, sizeof(*ctx->peer_tp));
+    ctx->peer_tp_mem = calloc((size_t)cfg->size * XCCL_MEM_TYPES, sizeof(*ctx->peer_tp_mem));
+    ctx->self_core   = (tp_core_t){ctx, -1};
     ctx->peer_dead = calloc((size_t)cfg->size, sizeof(char *));
     ctx->defer_since = calloc((size_t)cfg->size, sizeof(int64_t));
     ctx->defer_ms    = xccl_env_int("XCCL_DEFER_MS", 10);
     ctx->defer_min   = (uint64_t)xccl_env_int("XCCL_DEFER_MIN_BYTES", 64 << 10);
     recs         = calloc((size_t)cfg->size, sizeof(*recs));
     raw          = calloc((size_t)cfg->size, sizeof(void *));
-    if (!ctx->peers || !ctx->peer_tp || !ctx->peer_dead || !ctx->defer_since || !recs || !raw) {
+    if (!ctx->peers || !ctx->peer_tp || !ctx->peer_tp_mem || !ctx->peer_dead ||
+        !ctx->defer_since || !recs || !raw) {
         st = XCCL_ERROR(XCCL_ERR_NO_MEMORY, "comm create: out of memory");
         goto out;
     }
@@ -325,8 +331,7 @@ xccl_status_t xccl_ctx_create(const xccl_comm_config_t *cfg, xccl_ctx_t **out)
     {
         xccl_tp_init_params_t p = {
             .rank = cfg->rank, .size = cfg->size, .job_id = ctx->job_id, .peers = ctx->peers,
-            .auth_key = key_p, .auth_key_len = key_p ? key_l : 0, .up = ctx_upcalls(ctx),
-            .cpus_scarce = scarce,
+            .auth_key = key_p, .auth_key_len = key_p ? key_l : 0, .cpus_scarce = scarce,
         };
         size_t off;
         rec = calloc(1, 4 + (size_t)XCCL_MAX_TRANSPORTS * (20 + XCCL_TP_ADDR_MAX));
@@ -340,7 +345,8 @@ xccl_status_t xccl_ctx_create(const xccl_comm_config_t *cfg, xccl_ctx_t **out)
             size_t         alen = XCCL_TP_ADDR_MAX;
             uint32_t       l32;
             if (cand[i]->abi_version != XCCL_TRANSPORT_ABI_VERSION) continue;
-            st = cand[i]->init(&p, &tc);
+            p.up = ctx_upcalls(ctx, ctx->ntp);
+            st   = cand[i]->init(&p, &tc);
             if (st == XCCL_ERR_NOT_SUPPORTED) {
                 XCCL_INFO("transport %s not available here", cand[i]->name);
                 continue;
@@ -348,7 +354,11 @@ xccl_status_t xccl_ctx_create(const xccl_comm_config_t *cfg, xccl_ctx_t **out)
             if (st < 0) goto out;
             ctx->tp[ctx->ntp].ops = cand[i];
             ctx->tp[ctx->ntp].ctx = tc;
+            ctx->tp[ctx->ntp].ui  = ctx->ntp;
             ctx->ntp++;
+            if (cand[i]->caps & XCCL_TP_CAP_NEEDS_REG)
+                XCCL_CHECK_GOTO(xccl_rcache_new(cand[i], tc, &ctx->tp[ctx->ntp - 1].rcache), st,
+                                out);
             XCCL_CHECK_GOTO(cand[i]->get_addr(tc, rec + off + 20, &alen), st, out);
             strncpy((char *)rec + off, cand[i]->name, 15);
             l32 = (uint32_t)alen;
@@ -370,20 +380,27 @@ xccl_status_t xccl_ctx_create(const xccl_comm_config_t *cfg, xccl_ctx_t **out)
         XCCL_CHECK_GOTO(addr_parse(raw[r], vlen, r, &recs[r]), st, out);
     }
 
-    /* 4. per-peer transport choice and wire-up */
+    /* 4. per (peer, memory type) transport choice - the first in preference order that both
+     *    ends have, that reaches the peer and whose data path takes that memory type - and
+     *    wire-up. Host memory must be reachable for every peer. */
     for (int r = 0; r < cfg->size; r++) {
-        ctx->peer_tp[r] = -1;
-        if (r == cfg->rank) continue;
-        for (int i = 0; i < ctx->ntp && ctx->peer_tp[r] < 0; i++) {
-            for (int j = 0; j < recs[r].ntp; j++) {
-                if (strcmp(recs[r].names[j], ctx->tp[i].ops->name) == 0 &&
-                    ctx->tp[i].ops->reachable(ctx->tp[i].ctx, r)) {
-                    ctx->peer_tp[r] = (int8_t)i;
-                    break;
+        for (int m = 0; m < XCCL_MEM_TYPES; m++) {
+            int8_t *choice = &ctx->peer_tp_mem[m * cfg->size + r];
+            *choice        = -1;
+            if (r == cfg->rank) continue;
+            for (int i = 0; i < ctx->ntp && *choice < 0; i++) {
+                if (!(ctx->tp[i].ops->caps & xccl_tp_cap_for((xccl_mem_type_t)m))) continue;
+                for (int j = 0; j < recs[r].ntp; j++) {
+                    if (strcmp(recs[r].names[j], ctx->tp[i].ops->name) == 0 &&
+                        ctx->tp[i].ops->reachable(ctx->tp[i].ctx, r)) {
+                        *choice = (int8_t)i;
+                        break;
+                    }
                 }
             }
         }
-        if (ctx->peer_tp[r] < 0) {
+        ctx->peer_tp[r] = ctx->peer_tp_mem[XCCL_MEM_HOST * cfg->size + r];
+        if (r != cfg->rank && ctx->peer_tp[r] < 0) {
             st = XCCL_ERROR(XCCL_ERR_NOT_SUPPORTED,
                             "comm create on rank %d: no common transport reaches rank %d",
                             cfg->rank, r);
@@ -393,16 +410,23 @@ xccl_status_t xccl_ctx_create(const xccl_comm_config_t *cfg, xccl_ctx_t **out)
     /* a transport that serves no peer only costs wake-ups: drop it */
     for (int i = 0; i < ctx->ntp;) {
         int used = 0;
-        for (int r = 0; r < cfg->size; r++) used |= ctx->peer_tp[r] == i;
+        for (int k = 0; k < cfg->size * XCCL_MEM_TYPES; k++) used |= ctx->peer_tp_mem[k] == i;
         if (used || ctx->ntp == 1) {
             i++;
             continue;
         }
+        if (ctx->tp[i].rcache != NULL) xccl_rcache_free(ctx->tp[i].rcache);
         ctx->tp[i].ops->finalize(ctx->tp[i].ctx);
-        for (int j = i; j + 1 < ctx->ntp; j++) ctx->tp[j] = ctx->tp[j + 1];
+        for (int j = i; j + 1 < ctx->ntp; j++) {
+            ctx->tp[j]                       = ctx->tp[j + 1];
+            ctx->tp_core[ctx->tp[j].ui].slot = j;
+        }
         ctx->ntp--;
         for (int r = 0; r < cfg->size; r++) {
             if (ctx->peer_tp[r] > i) ctx->peer_tp[r]--;
+        }
+        for (int k = 0; k < cfg->size * XCCL_MEM_TYPES; k++) {
+            if (ctx->peer_tp_mem[k] > i) ctx->peer_tp_mem[k]--;
         }
     }
     for (int i = 0; i < ctx->ntp; i++) {
@@ -416,7 +440,10 @@ xccl_status_t xccl_ctx_create(const xccl_comm_config_t *cfg, xccl_ctx_t **out)
             goto out;
         }
         for (int r = 0; r < cfg->size; r++) {
-            if (ctx->peer_tp[r] != i) continue;
+            int serves = 0;
+            for (int m = 0; m < XCCL_MEM_TYPES; m++)
+                serves |= ctx->peer_tp_mem[m * cfg->size + r] == i;
+            if (!serves) continue;
             for (int j = 0; j < recs[r].ntp; j++) {
                 if (strcmp(recs[r].names[j], ctx->tp[i].ops->name) == 0) {
                     addrs[r] = recs[r].blobs[j];
@@ -605,9 +632,9 @@ static xccl_umsg_t *umsg_get(xccl_ctx_t *ctx)
     return u;
 }
 
-static void umsg_free(xccl_ctx_t *ctx, xccl_umsg_t *u)
+/* Frees an unexpected message already unlinked. */
+static void umsg_release(xccl_ctx_t *ctx, xccl_umsg_t *u)
 {
-    umsg_unlink(ctx, u);
     ctx->staged_bytes -= u->data != NULL ? u->hdr.nbytes : 0;
     free(u->data);
     if (ctx->umsg_pool_n >= XCCL_POOL_MAX) {
@@ -617,6 +644,12 @@ static void umsg_free(xccl_ctx_t *ctx, xccl_umsg_t *u)
     u->next        = ctx->umsg_pool;
     ctx->umsg_pool = u;
     ctx->umsg_pool_n++;
+}
+
+static void umsg_free(xccl_ctx_t *ctx, xccl_umsg_t *u)
+{
+    umsg_unlink(ctx, u);
+    umsg_release(ctx, u);
 }
 
 void xccl_umsg_drop(xccl_ctx_t *ctx, xccl_umsg_t *u) { umsg_free(ctx, u); }
@@ -668,6 +701,10 @@ static void req_complete(xccl_ctx_t *ctx, xccl_req_t *r, xccl_status_t st)
     r->state  = REQ_DONE;
     r->status = st;
     r->t1     = trace_now(r);
+    if (r->reg != NULL) { /* the transport let go of the buffer */
+        xccl_rcache_put(ctx->tp[r->tp].rcache, r->reg);
+        r->reg = NULL;
+    }
     if (w == NULL) { /* an ownerless control notice */
         xccl_req_put(ctx, r);
         return;
@@ -677,23 +714,68 @@ static void req_complete(xccl_ctx_t *ctx, xccl_req_t *r, xccl_status_t st)
     if (was_active) req_unhold(r);
 }
 
-/* Copies a fully-arrived unexpected message into a receive and completes it. */
+/* Copies a fully-arrived unexpected message (staged in host memory) into a receive with the
+ * executor of the receive's memory type, and completes it - later, when that executor's copy
+ * is asynchronous (the request then waits on ctx->copies, holding its Work, and keeps u). */
 static void umsg_deliver(xccl_ctx_t *ctx, xccl_umsg_t *u, xccl_req_t *r)
 {
-    xccl_status_t st = u->status;
+    xccl_status_t          st = u->status;
+    const xccl_exec_ops_t *ex = xccl_exec_for(r->mem);
 
     r->src      = u->src;
     r->received = u->hdr.nbytes;
+    r->umsg     = NULL;
+    umsg_unlink(ctx, u);
     if (st == XCCL_OK && u->hdr.nbytes > r->nbytes) {
         st = XCCL_ERROR(XCCL_ERR_INVALID_USAGE,
                         "receive buffer of %zu bytes is smaller than the %llu-byte message "
                         "from rank %d",
                         r->nbytes, (unsigned long long)u->hdr.nbytes, u->src);
+    } else if (st == XCCL_OK && u->hdr.nbytes > 0 && ex == NULL) {
+        st = XCCL_ERROR(XCCL_ERR_NOT_SUPPORTED,
+                        "receive from rank %d into %s memory: no executor for that memory type "
+                        "in this process",
+                        u->src, xccl_mem_type_name(r->mem));
     } else if (st == XCCL_OK && u->hdr.nbytes > 0) {
-        memcpy(r->buf, u->data, u->hdr.nbytes);
+        void *ev = NULL;
+        st       = ex->copy(r->buf, u->data, u->hdr.nbytes, &ev);
+        if (st == XCCL_INPROGRESS) {
+            r->ev    = ev;
+            r->umsg  = u;
+            r->tp    = -1;
+            r->state = REQ_ACTIVE;
+            req_hold(r);
+            r->next     = ctx->copies;
+            ctx->copies = r;
+            return;
+        }
     }
-    umsg_free(ctx, u);
+    umsg_release(ctx, u);
     req_complete(ctx, r, st);
+}
+
+/* Tests the asynchronous copies out of staged messages; completes the finished ones. */
+static int copies_progress(xccl_ctx_t *ctx)
+{
+    int events = 0;
+
+    for (xccl_req_t **pp = &ctx->copies; *pp != NULL;) {
+        xccl_req_t   *r  = *pp;
+        xccl_status_t st = xccl_exec_for(r->mem)->test(r->ev);
+        xccl_umsg_t  *u  = r->umsg;
+        if (st == XCCL_INPROGRESS) {
+            pp = &r->next;
+            continue;
+        }
+        *pp     = r->next;
+        r->next = NULL;
+        r->ev   = NULL;
+        r->umsg = NULL;
+        umsg_release(ctx, u);
+        req_complete(ctx, r, st);
+        events++;
+    }
+    return events;
 }
 
 /* Whether the unexpected message `hdr` from `peer` waits in its transport for a receive
@@ -705,12 +787,12 @@ static void umsg_deliver(xccl_ctx_t *ctx, xccl_umsg_t *u, xccl_req_t *r)
  * 1 ms per MiB, about what staging the message would cost (faulting in a fresh buffer and
  * copying into it): the receiver of a large message is often busy with one as large, so the
  * limit grows with the size rather than being one flat time. */
-static int defer(xccl_ctx_t *ctx, int peer, const xccl_msg_hdr_t *hdr)
+static int defer(xccl_ctx_t *ctx, int slot, int peer, const xccl_msg_hdr_t *hdr)
 {
     int64_t now;
 
-    if (hdr->nbytes < ctx->defer_min || ctx->defer_ms <= 0 || peer == ctx->rank ||
-        ctx->peer_tp[peer] < 0 || !(ctx->tp[ctx->peer_tp[peer]].ops->caps & XCCL_TP_CAP_DEFER))
+    if (hdr->nbytes < ctx->defer_min || ctx->defer_ms <= 0 || slot < 0 ||
+        !(ctx->tp[slot].ops->caps & XCCL_TP_CAP_DEFER))
         return 0;
     now = xccl_now_ms();
     if (ctx->defer_since[peer] == 0) ctx->defer_since[peer] = now;
@@ -720,7 +802,8 @@ static int defer(xccl_ctx_t *ctx, int peer, const xccl_msg_hdr_t *hdr)
 static xccl_status_t up_recv_match(void *core, int peer, const xccl_msg_hdr_t *hdr,
                                    xccl_tp_buf_t *dst, void **cookie)
 {
-    xccl_ctx_t  *ctx     = core;
+    xccl_ctx_t  *ctx     = ((tp_core_t *)core)->ctx;
+    int          slot    = ((tp_core_t *)core)->slot; /* the transport delivering; -1: self */
     xccl_comm_t *c       = xccl_ctx_find_comm(ctx, hdr->comm_id);
     int          discard = 0;
     xccl_req_t  *r;
@@ -771,20 +854,28 @@ static xccl_status_t up_recv_match(void *core, int peer, const xccl_msg_hdr_t *h
         r->src      = peer;
         r->received = hdr->nbytes;
         r->state    = REQ_ACTIVE;
+        r->tp       = slot;
         req_hold(r);
+        dst->ptr = NULL; /* unless it is taken below, the transport drops the payload and the
+                          * receive fails at recv_done with r->status's reason */
         if (hdr->nbytes > r->nbytes) {
-            /* the transport drops the payload; the receive fails at recv_done (no
-             * truncation) */
-            r->status = XCCL_ERR_INVALID_USAGE;
-            dst->ptr  = NULL;
+            r->status = XCCL_ERR_INVALID_USAGE; /* no truncation */
+        } else if (hdr->nbytes > 0 && slot >= 0 &&
+                   !(ctx->tp[slot].ops->caps & xccl_tp_cap_for(r->mem))) {
+            r->status = XCCL_ERR_NOT_SUPPORTED;
+        } else if (hdr->nbytes > 0 && slot >= 0 && ctx->tp[slot].rcache != NULL &&
+                   xccl_rcache_get(ctx->tp[slot].rcache, r->buf, r->nbytes, r->mem, &r->reg,
+                                   &dst->mr) < 0) {
+            r->status = XCCL_ERR_NOT_SUPPORTED;
         } else {
             dst->ptr = r->buf;
+            dst->mem = r->mem;
         }
         *cookie = r;
         return XCCL_OK;
     }
 unexpected:
-    if (defer(ctx, peer, hdr)) return XCCL_INPROGRESS;
+    if (defer(ctx, slot, peer, hdr)) return XCCL_INPROGRESS;
 stage:
     ctx->defer_since[peer] = 0;
     if (discard) { /* the transport drops the payload; recv_done(NULL) is a no-op */
@@ -823,7 +914,7 @@ stage:
 
 static void up_recv_done(void *core, void *cookie, xccl_status_t st)
 {
-    xccl_ctx_t *ctx = core;
+    xccl_ctx_t *ctx = ((tp_core_t *)core)->ctx;
 
     if (cookie == NULL) return;
     if (*(int *)cookie == COOKIE_REQ) {
@@ -833,6 +924,12 @@ static void up_recv_done(void *core, void *cookie, xccl_status_t st)
                             "receive buffer of %zu bytes is smaller than the %zu-byte message "
                             "from rank %d",
                             r->nbytes, r->received, r->src);
+        } else if (r->status == XCCL_ERR_NOT_SUPPORTED && st == XCCL_OK) {
+            st = XCCL_ERROR(XCCL_ERR_NOT_SUPPORTED,
+                            "receive of %zu bytes from rank %d into %s memory: transport %s "
+                            "cannot deliver into that memory type",
+                            r->received, r->src, xccl_mem_type_name(r->mem),
+                            ctx->tp[r->tp].ops->name);
         }
         req_complete(ctx, r, st);
         return;
@@ -853,12 +950,12 @@ static void up_recv_done(void *core, void *cookie, xccl_status_t st)
 
 static void up_send_done(void *core, void *cookie, xccl_status_t st)
 {
-    req_complete(core, cookie, st);
+    req_complete(((tp_core_t *)core)->ctx, cookie, st);
 }
 
 static void up_peer_failed(void *core, int peer, xccl_status_t st, const char *why)
 {
-    xccl_ctx_t *ctx = core;
+    xccl_ctx_t *ctx = ((tp_core_t *)core)->ctx;
     xccl_req_t *r, *next;
     char        msg[512];
     int         failed = 0;
@@ -899,14 +996,19 @@ static void up_peer_failed(void *core, int peer, xccl_status_t st, const char *w
     else XCCL_INFO("%s", msg);
 }
 
-static const xccl_tp_upcalls_t *ctx_upcalls(xccl_ctx_t *ctx)
+/* The upcall table of the transport initialised k-th (its slot until unused ones are
+ * dropped). */
+static const xccl_tp_upcalls_t *ctx_upcalls(xccl_ctx_t *ctx, int k)
 {
-    ctx->up.core        = ctx;
-    ctx->up.recv_match  = up_recv_match;
-    ctx->up.recv_done   = up_recv_done;
-    ctx->up.send_done   = up_send_done;
-    ctx->up.peer_failed = up_peer_failed;
-    return &ctx->up;
+    xccl_tp_upcalls_t *up = &ctx->tp_up[k];
+
+    ctx->tp_core[k]  = (tp_core_t){ctx, k};
+    up->core         = &ctx->tp_core[k];
+    up->recv_match   = up_recv_match;
+    up->recv_done    = up_recv_done;
+    up->send_done    = up_send_done;
+    up->peer_failed  = up_peer_failed;
+    return up;
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -916,22 +1018,37 @@ static const xccl_tp_upcalls_t *ctx_upcalls(xccl_ctx_t *ctx)
 xccl_status_t xccl_req_post_send(xccl_ctx_t *ctx, xccl_req_t *r)
 {
     xccl_msg_hdr_t hdr = {.comm_id = r->comm_id, .tag = r->tag, .fp = r->fp, .nbytes = r->nbytes};
-    xccl_tp_buf_t  buf = {.ptr = r->buf, .mem = XCCL_MEM_HOST, .mr = NULL};
+    xccl_tp_buf_t  buf = {.ptr = r->buf, .mem = r->mem, .mr = NULL};
     tp_slot_t     *tp;
+    int            slot;
     xccl_status_t  st;
 
     r->ctype  = COOKIE_REQ;
     r->status = XCCL_INPROGRESS;
     r->t0     = trace_now(r);
+    r->tp     = -1;
     if (r->peer == ctx->rank) {
-        /* self-send: deliver through the matching path, never through a transport */
-        xccl_tp_buf_t dst;
+        /* self-send: deliver through the matching path, never through a transport; a copy
+         * into or out of device memory runs on that memory type's executor (and is waited
+         * for here: a self-send has no transport request to complete later) */
+        xccl_tp_buf_t dst = {NULL, XCCL_MEM_HOST, NULL};
         void         *cookie = NULL;
-        st = up_recv_match(ctx, ctx->rank, &hdr, &dst, &cookie);
+        st = up_recv_match(&ctx->self_core, ctx->rank, &hdr, &dst, &cookie);
         if (st < 0) return st;
-        if (hdr.nbytes > 0 && dst.ptr != NULL) memcpy(dst.ptr, r->buf, hdr.nbytes);
+        if (hdr.nbytes > 0 && dst.ptr != NULL) {
+            xccl_mem_type_t        m  = dst.mem != XCCL_MEM_HOST ? dst.mem : r->mem;
+            const xccl_exec_ops_t *ex = xccl_exec_for(m);
+            void                  *ev = NULL;
+            if (ex == NULL)
+                return XCCL_ERROR(XCCL_ERR_NOT_SUPPORTED,
+                                  "send to self from %s memory: no executor for that memory "
+                                  "type in this process", xccl_mem_type_name(m));
+            st = ex->copy(dst.ptr, r->buf, hdr.nbytes, &ev);
+            while (st == XCCL_INPROGRESS) st = ex->test(ev);
+            if (st < 0) return st;
+        }
         r->state = REQ_POSTED;
-        up_recv_done(ctx, cookie, XCCL_OK);
+        up_recv_done(&ctx->self_core, cookie, XCCL_OK);
         req_complete(ctx, r, XCCL_OK);
         return XCCL_OK;
     }
@@ -939,13 +1056,26 @@ xccl_status_t xccl_req_post_send(xccl_ctx_t *ctx, xccl_req_t *r)
         return XCCL_ERROR(XCCL_ERR_REMOTE, "cannot send to rank %d: %s", r->peer,
                           ctx->peer_dead[r->peer]);
     }
-    tp       = &ctx->tp[ctx->peer_tp[r->peer]];
+    slot = r->mem < XCCL_MEM_TYPES ? ctx->peer_tp_mem[r->mem * ctx->size + r->peer] : -1;
+    if (slot < 0)
+        return XCCL_ERROR(XCCL_ERR_NOT_SUPPORTED,
+                          "cannot send %s memory to rank %d (world): no transport between "
+                          "these ranks moves that memory type",
+                          xccl_mem_type_name(r->mem), r->peer);
+    tp = &ctx->tp[slot];
+    if (tp->rcache != NULL && r->nbytes > 0)
+        XCCL_CHECK(xccl_rcache_get(tp->rcache, r->buf, r->nbytes, r->mem, &r->reg, &buf.mr));
+    r->tp    = slot;
     r->state = REQ_ACTIVE;
     req_hold(r);
     st = tp->ops->isend(tp->ctx, r->peer, &hdr, &buf, r);
     if (st < 0) {
         r->state  = REQ_DONE;
         r->status = st;
+        if (r->reg != NULL) {
+            xccl_rcache_put(tp->rcache, r->reg);
+            r->reg = NULL;
+        }
         if (r->work) req_unhold(r);
     }
     return st;
@@ -1015,10 +1145,11 @@ void xccl_req_cancel(xccl_ctx_t *ctx, xccl_req_t *r, xccl_status_t st, const cha
         r->status = st;
         return;
     }
-    /* a transport holds the buffer: drop that connection so it lets go now */
-    {
+    /* a transport holds the buffer: drop that connection so it lets go now (an executor's
+     * copy out of a staged message cannot be recalled: it completes the request when done) */
+    if (r->tp >= 0) {
         int        peer = xccl_req_world_peer(r); /* a transport holds it: matched */
-        tp_slot_t *tp   = &ctx->tp[ctx->peer_tp[peer]];
+        tp_slot_t *tp   = &ctx->tp[r->tp];
         if (tp->ops->close_peer != NULL) tp->ops->close_peer(tp->ctx, peer, why);
     }
 }
@@ -1044,6 +1175,7 @@ int xccl_ctx_progress_locked(xccl_ctx_t *ctx)
         (void)ctx->tp[i].ops->progress(ctx->tp[i].ctx, &k);
         events += k;
     }
+    if (ctx->copies != NULL) events += copies_progress(ctx);
     ctx->cursors = &cur;
     while ((w = cur.w) != NULL) {
         cur.w = w->next;

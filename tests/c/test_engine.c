@@ -18,6 +18,9 @@
  *   diag_unlocked  while an operation's timeout collects the hang table (3 s: one rank never
  *                answers), another thread of the same process completes a ping-pong: the
  *                collection does not hold the context lock while it waits.
+ *   mem_types    a send of device memory to a peer no transport moves it to fails at once,
+ *                naming the memory type and the peer; a message for a device-memory receive
+ *                over a host-only transport fails that receive and the next one is intact.
  *   churn        thousands of subgroups created and destroyed, each with a message it receives
  *                (possibly before this rank created it) and one it never receives (staged, or
  *                arriving after the destroy): the context holds a bounded number of
@@ -345,6 +348,66 @@ static void matching(xccl_comm_t *world, int rank, int size)
     }
 }
 
+/* A p2p Work whose request has memory type `mem` (the public API posts host memory only). */
+static xccl_work_t *p2p_work(xccl_comm_t *c, req_kind_t kind, int peer, void *buf, size_t n,
+                             uint32_t tag, xccl_mem_type_t mem)
+{
+    xccl_work_t *w = xccl_work_new(c, WORK_P2P, kind == REQ_SEND ? "send" : "recv", 0);
+    xccl_req_t  *r = &w->p2p_req;
+
+    r->kind    = kind;
+    r->peer    = c->world[peer];
+    r->src     = -1;
+    r->buf     = buf;
+    r->nbytes  = n;
+    r->tag     = tag;
+    r->work    = w;
+    r->comm_id = c->id;
+    r->mem     = mem;
+    w->req     = r;
+    return w;
+}
+
+static void mem_types(xccl_comm_t *c, int rank)
+{
+    xccl_ctx_t *ctx = c->ctx;
+    char        buf[8] = {0};
+    int32_t     v      = 0;
+
+    if (rank == 0) {
+        xccl_work_t  *w = p2p_work(c, REQ_SEND, 1, buf, sizeof(buf), 99, XCCL_MEM_CUDA);
+        xccl_work_t  *wr, *wn;
+        xccl_status_t st;
+        pthread_mutex_lock(&ctx->lock);
+        st = xccl_req_post_send(ctx, w->req);
+        pthread_mutex_unlock(&ctx->lock);
+        CHECK_MSG(st == XCCL_ERR_NOT_SUPPORTED &&
+                      strstr(xccl_last_error(), "cuda memory to rank 1") != NULL,
+                  "status %d: %s", st, xccl_last_error());
+        xccl_work_release(w);
+
+        wr = p2p_work(c, REQ_RECV, 1, buf, sizeof(buf), 98, XCCL_MEM_CUDA);
+        pthread_mutex_lock(&ctx->lock);
+        xccl_work_activate(wr, 1);
+        CHECK(xccl_req_post_recv(ctx, wr->req) == XCCL_OK);
+        pthread_mutex_unlock(&ctx->lock);
+        CHECK(xccl_irecv(c, &v, 4, 1, 97, &wn) == XCCL_OK);
+        barrier(c);
+        CHECK(xccl_work_wait(wr, 30000) == XCCL_ERR_NOT_SUPPORTED);
+        CHECK_MSG(strstr(xccl_work_error(wr), "into cuda memory") != NULL, "%s",
+                  xccl_work_error(wr));
+        want(wn, &v, 1234, 1, "after the refused device receive");
+        xccl_work_release(wr);
+    } else {
+        barrier(c);
+        if (rank == 1) {
+            send_val(c, 0, 98, 5);
+            send_val(c, 0, 97, 1234);
+        }
+    }
+    barrier(c);
+}
+
 enum { NCHURN = 3000 };
 
 static void churn(xccl_comm_t *world, int rank, int size)
@@ -530,6 +593,7 @@ static int child(int rank, int size)
     if (c == NULL) return 2;
     many_works(c, rank, size);
     matching(c, rank, size);
+    mem_types(c, rank);
     churn(c, rank, size);
     /* leave together: a rank that exits early looks like a failure to the others */
     CHECK(xccl_barrier(c, NULL, &w) == XCCL_OK && xccl_work_wait(w, 30000) == XCCL_OK);
