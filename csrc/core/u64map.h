@@ -14,7 +14,7 @@
 typedef struct xccl_u64map {
     uint64_t *keys; /* 0: empty slot */
     void    **vals;
-    size_t    cap;  /* power of two, 0 before the first insert */
+    size_t    cap; /* power of two, 0 before the first insert */
     size_t    n;
 } xccl_u64map_t;
 
@@ -22,10 +22,10 @@ typedef struct xccl_u64map {
 void *xccl_u64map_get(const xccl_u64map_t *m, uint64_t key);
 /* Stores val under key (replacing any; a replacement never allocates). Returns 0, or -1 when
  * out of memory (map unchanged). */
-int   xccl_u64map_put(xccl_u64map_t *m, uint64_t key, void *val);
+int xccl_u64map_put(xccl_u64map_t *m, uint64_t key, void *val);
 /* Removes key; returns its value or NULL. */
 void *xccl_u64map_del(xccl_u64map_t *m, uint64_t key);
 /* Frees the table (not the values). */
-void  xccl_u64map_free(xccl_u64map_t *m);
+void xccl_u64map_free(xccl_u64map_t *m);
 
 #endif /* XCCL_CORE_U64MAP_H */

@@ -48,7 +48,7 @@ static char store_path[256];
 #define HOOK_MALLOC 0
 #else
 #define HOOK_MALLOC 1
-extern void *__libc_malloc(size_t n);
+extern void          *__libc_malloc(size_t n);
 static _Atomic size_t max_alloc;
 void                 *malloc(size_t n)
 {
@@ -71,7 +71,8 @@ static shared_t *SH;
 
 static int wait_posted(void)
 {
-    for (int i = 0; i < 30000 && atomic_load(&SH->posted) == 0; i++) usleep(1000);
+    for (int i = 0; i < 30000 && atomic_load(&SH->posted) == 0; i++)
+        usleep(1000);
     return atomic_load(&SH->posted) != 0;
 }
 
@@ -101,10 +102,16 @@ static xccl_comm_t *make_comm_tp(int rank, int size, const char *transports)
     return comm;
 }
 
-static xccl_comm_t *make_comm(int rank, int size) { return make_comm_tp(rank, size, NULL); }
+static xccl_comm_t *make_comm(int rank, int size)
+{
+    return make_comm_tp(rank, size, NULL);
+}
 
 /* Element i of operation k on communicator `which`, contributed by rank r. */
-static int32_t contrib(int which, int k, int r, int i) { return which * 100000 + k * 37 + r * 3 + i; }
+static int32_t contrib(int which, int k, int r, int i)
+{
+    return which * 100000 + k * 37 + r * 3 + i;
+}
 
 enum { NOPS = 160, NELEM = 8, NSTALL_BEHIND = 100 };
 
@@ -118,7 +125,8 @@ static void many_works(xccl_comm_t *world, int rank, int size)
      * unless each rank progresses the other's first operations too */
     xccl_coll_opts_t ring = {.algo = "ring"};
 
-    for (int r = 0; r < size; r++) all[r] = r;
+    for (int r = 0; r < size; r++)
+        all[r] = r;
     CHECK(xccl_comm_split(world, size, all, "A", &comm[0]) == XCCL_OK);
     CHECK(xccl_comm_split(world, size, all, "B", &comm[1]) == XCCL_OK);
     /* even ranks post every operation of A, then every one of B; odd ranks B first */
@@ -126,7 +134,8 @@ static void many_works(xccl_comm_t *world, int rank, int size)
         int which = rank % 2 == 0 ? o : 1 - o;
         for (int k = 0; k < NOPS; k++) {
             int32_t *b = buf + ((size_t)which * NOPS + (size_t)k) * NELEM;
-            for (int i = 0; i < NELEM; i++) b[i] = contrib(which, k, rank, i);
+            for (int i = 0; i < NELEM; i++)
+                b[i] = contrib(which, k, rank, i);
             CHECK(xccl_allreduce(comm[which], b, b, NELEM, XCCL_INT32, XCCL_OP_SUM, &ring,
                                  &w[which][k]) == XCCL_OK);
         }
@@ -139,7 +148,8 @@ static void many_works(xccl_comm_t *world, int rank, int size)
                       'A' + which, xccl_work_error(w[which][k]));
             for (int i = 0; i < NELEM; i++) {
                 int32_t want = 0;
-                for (int r = 0; r < size; r++) want += contrib(which, k, r, i);
+                for (int r = 0; r < size; r++)
+                    want += contrib(which, k, r, i);
                 ok &= b[i] == want;
             }
             CHECK_MSG(ok, "op %d of %c: wrong sum", k, 'A' + which);
@@ -183,7 +193,8 @@ static void many_works(xccl_comm_t *world, int rank, int size)
             }
         } else {
             double end = now_s() + 30;
-            while (atomic_load(&SH->stall_done) == 0 && now_s() < end) usleep(1000);
+            while (atomic_load(&SH->stall_done) == 0 && now_s() < end)
+                usleep(1000);
             CHECK(atomic_load(&SH->stall_done) == 1);
             for (int k = 0; k < NSTALL_BEHIND; k++) {
                 rv[k] = 7 * k;
@@ -243,7 +254,8 @@ static void matching(xccl_comm_t *world, int rank, int size)
     }
     barrier(world);
     if (rank == 1) {
-        for (int k = 1; k <= 3; k++) send_val(world, 0, 5, k);
+        for (int k = 1; k <= 3; k++)
+            send_val(world, 0, 5, k);
         send_val(world, 0, 6, 11);
         send_val(world, 0, 6, 12);
     }
@@ -278,15 +290,17 @@ static void matching(xccl_comm_t *world, int rank, int size)
     /* the cost of matching does not grow with the receives pending elsewhere */
     {
         xccl_comm_t  *c[NC];
-        int32_t      *pv = calloc((size_t)NC * NP * 16 + NC, sizeof(int32_t));
-        int32_t      *mv = calloc((size_t)NM * 16, sizeof(int32_t));
-        xccl_work_t **pw = calloc((size_t)NC * NP * 16 + NC, sizeof(*pw));
-        xccl_work_t **mw = calloc((size_t)NM * 16, sizeof(*mw));
-        size_t        np = 0;
+        int32_t      *pv      = calloc((size_t)NC * NP * 16 + NC, sizeof(int32_t));
+        int32_t      *mv      = calloc((size_t)NM * 16, sizeof(int32_t));
+        xccl_work_t **pw      = calloc((size_t)NC * NP * 16 + NC, sizeof(*pw));
+        xccl_work_t **mw      = calloc((size_t)NM * 16, sizeof(*mw));
+        size_t        np      = 0;
         uint64_t      headers = 0, probes = 0;
 
-        for (int r = 0; r < size; r++) all[r] = r;
-        for (int i = 0; i < NC; i++) CHECK(xccl_comm_split(world, size, all, "m", &c[i]) == XCCL_OK);
+        for (int r = 0; r < size; r++)
+            all[r] = r;
+        for (int i = 0; i < NC; i++)
+            CHECK(xccl_comm_split(world, size, all, "m", &c[i]) == XCCL_OK);
         if (rank == 0) {
             for (int i = 0; i < NC - 1; i++) {
                 for (int p = 1; p < size; p++) {
@@ -308,7 +322,8 @@ static void matching(xccl_comm_t *world, int rank, int size)
         }
         barrier(world);
         if (rank != 0) {
-            for (int k = 0; k < NM; k++) send_val(c[NC - 1], 0, (uint32_t)(2000 + k), rank * 1000 + k);
+            for (int k = 0; k < NM; k++)
+                send_val(c[NC - 1], 0, (uint32_t)(2000 + k), rank * 1000 + k);
         } else {
             for (int p = 1; p < size; p++) {
                 for (int k = 0; k < NM; k++)
@@ -326,21 +341,24 @@ static void matching(xccl_comm_t *world, int rank, int size)
         /* now the pending ones */
         if (rank != 0) {
             for (int i = 0; i < NC - 1; i++) {
-                for (int k = 0; k < NP; k++) send_val(c[i], 0, (uint32_t)(1000 + k), rank * 100 + k);
+                for (int k = 0; k < NP; k++)
+                    send_val(c[i], 0, (uint32_t)(1000 + k), rank * 100 + k);
                 if (rank == 1) send_val(c[i], 0, 3000, 7);
             }
         } else {
             np = 0;
             for (int i = 0; i < NC - 1; i++) {
                 for (int p = 1; p < size; p++) {
-                    for (int k = 0; k < NP; k++, np++) want(pw[np], &pv[np], p * 100 + k, p, "pending");
+                    for (int k = 0; k < NP; k++, np++)
+                        want(pw[np], &pv[np], p * 100 + k, p, "pending");
                 }
                 want(pw[np], &pv[np], 7, 1, "pending any-source");
                 np++;
             }
         }
         barrier(world);
-        for (int i = 0; i < NC; i++) xccl_comm_destroy(c[i]);
+        for (int i = 0; i < NC; i++)
+            xccl_comm_destroy(c[i]);
         free(pv);
         free(mv);
         free(pw);
@@ -370,7 +388,7 @@ static xccl_work_t *p2p_work(xccl_comm_t *c, req_kind_t kind, int peer, void *bu
 
 static void mem_types(xccl_comm_t *c, int rank)
 {
-    xccl_ctx_t *ctx = c->ctx;
+    xccl_ctx_t *ctx    = c->ctx;
     char        buf[8] = {0};
     int32_t     v      = 0;
 
@@ -417,7 +435,8 @@ static void churn(xccl_comm_t *world, int rank, int size)
     int          max_comms = 0;
     xccl_work_t *w;
 
-    for (int r = 0; r < size; r++) all[r] = r;
+    for (int r = 0; r < size; r++)
+        all[r] = r;
     for (int i = 0; i < NCHURN; i++) {
         xccl_comm_t *sub;
         int32_t      v = -1, late = i;
@@ -463,7 +482,10 @@ static void churn(xccl_comm_t *world, int rank, int size)
 
 enum { BIG = 4 << 20, SMALL = 1024, NEXT = 5000 };
 
-static uint8_t pattern(size_t i, int salt) { return (uint8_t)(i * 131 + (i >> 9) + (size_t)salt); }
+static uint8_t pattern(size_t i, int salt)
+{
+    return (uint8_t)(i * 131 + (i >> 9) + (size_t)salt);
+}
 
 static int child_small(int rank, const char *tp)
 {
@@ -474,8 +496,10 @@ static int child_small(int rank, const char *tp)
     CHECK(strcmp(xccl_comm_peer_transport(c, 1 - rank), tp) == 0);
     if (rank == 0) {
         uint8_t *big = malloc(BIG), *next = malloc(NEXT);
-        for (size_t i = 0; i < BIG; i++) big[i] = pattern(i, 1);
-        for (size_t i = 0; i < NEXT; i++) next[i] = pattern(i, 2);
+        for (size_t i = 0; i < BIG; i++)
+            big[i] = pattern(i, 1);
+        for (size_t i = 0; i < NEXT; i++)
+            next[i] = pattern(i, 2);
         CHECK(wait_posted());
         CHECK(xccl_isend(c, big, BIG, 1, 1, &w1) == XCCL_OK);
         CHECK(xccl_isend(c, next, NEXT, 1, 2, &w2) == XCCL_OK);
@@ -487,7 +511,7 @@ static int child_small(int rank, const char *tp)
         free(next);
     } else {
         uint8_t *small = malloc(SMALL), *next = malloc(NEXT);
-        int      ok    = 1;
+        int      ok = 1;
         CHECK(xccl_irecv(c, small, SMALL, 0, 1, &w1) == XCCL_OK);
         CHECK(xccl_irecv(c, next, NEXT, 0, 2, &w2) == XCCL_OK);
 #if HOOK_MALLOC
@@ -498,7 +522,8 @@ static int child_small(int rank, const char *tp)
         CHECK_MSG(strstr(xccl_work_error(w1), "smaller than the 4194304-byte message") != NULL,
                   "%s: %s", tp, xccl_work_error(w1));
         CHECK_MSG(xccl_work_wait(w2, 30000) == XCCL_OK, "%s: %s", tp, xccl_work_error(w2));
-        for (size_t i = 0; i < NEXT; i++) ok &= next[i] == pattern(i, 2);
+        for (size_t i = 0; i < NEXT; i++)
+            ok &= next[i] == pattern(i, 2);
         CHECK_MSG(ok, "%s: the message after the dropped one is corrupt", tp);
 #if HOOK_MALLOC
         CHECK_MSG(atomic_load(&max_alloc) < BIG, "%s: a %zu-byte allocation", tp,
@@ -577,7 +602,8 @@ static int child_diag(int rank)
                       atomic_load(&SH->pong_done));
         atomic_fetch_add(&SH->leave, 1);
     } else {
-        for (int i = 0; i < 30000 && atomic_load(&SH->leave) < 2; i++) usleep(1000);
+        for (int i = 0; i < 30000 && atomic_load(&SH->leave) < 2; i++)
+            usleep(1000);
     }
     xccl_comm_destroy(s);
     barrier(c);
