@@ -833,12 +833,10 @@ static xccl_status_t up_recv_match(void *core, int peer, const xccl_msg_hdr_t *h
     {
         int         src = c->rank_of[peer];
         xccl_req_t *a;
-        r = NULL;
-        if (src >= 0) {
-            for (r = c->posted[src].head; r != NULL; r = r->next) {
-                ctx->match_probes++;
-                if (r->tag == hdr->tag) break;
-            }
+        if (src < 0) goto unexpected; /* not a member: no receive of c may take it */
+        for (r = c->posted[src].head; r != NULL; r = r->next) {
+            ctx->match_probes++;
+            if (r->tag == hdr->tag) break;
         }
         for (a = c->any.head; a != NULL && (r == NULL || a->pseq < r->pseq); a = a->next) {
             ctx->match_probes++;
