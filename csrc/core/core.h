@@ -6,8 +6,9 @@
  * Ownership and locking
  *   A context (xccl_ctx) is created with a world communicator and shared by every communicator
  *   split from it. ctx->lock serialises everything that touches transports, the matching queues
- *   and the active-work list; algorithms run under it. Transports call the upcalls in ctx.c
- *   with the lock held. Work completion callbacks run after the lock is released.
+ *   and the lists of active Works; algorithms run under it. Transports call the upcalls in
+ *   ctx.c with the lock held. Work completion callbacks run after the lock is released.
+ *   Communicators are reference counted (struct xccl_comm); Works by atomic counts (work.c).
  *
  * Tags (64 bits, compared whole; see tag_* below)
  *   kind (2 bits) | payload (62 bits)

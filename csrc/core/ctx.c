@@ -8,11 +8,16 @@
  *   2. every rank publishes its peer info                          key "info/<rank>"
  *   3. transports are initialised knowing every peer's info, and every rank publishes the
  *      address blobs of the transports it could start              key "addr/<rank>"
- *   4. each peer gets the preferred transport both ends have and that reaches it; each
- *      transport wires up the peers it serves.
+ *   4. each peer gets, per memory type, the preferred transport both ends have, that reaches
+ *      it and that takes that memory type; each transport wires up the peers it serves.
  *
- * Matching: receives are matched in posting order against (comm id, tag, source); messages
- * without a posted receive are kept as unexpected messages (staged in memory) in arrival order.
+ * Matching (constant time in ranks, communicators and pending operations): a header finds its
+ * communicator by id (hash map), then the first receive with its tag in the queue of receives
+ * posted for its sender and in the communicator's any-source queue; of the two, the one posted
+ * first wins (posting sequence numbers). Messages without a posted receive are kept as
+ * unexpected messages, staged in host memory: per sender and in arrival order on their
+ * communicator, and in ctx->unexp (which alone holds those of communicators this rank has not
+ * created yet, and control messages). A posted receive looks for its message the same way.
  */
 #include "core/core.h"
 
