@@ -911,7 +911,7 @@ stage:
     ctx->unexp_tail = u;
     umsg_link_comm(c, u);
     dst->ptr = u->data;
-    *cookie         = u;
+    *cookie  = u;
     return XCCL_OK;
 }
 
