@@ -683,7 +683,7 @@ static int shm_match(xccl_tp_ctx_t *ctx, int peer, const shm_slot_t *s, int *nev
         return -1;
     }
     if (atomic_load(&p->state) != SHM_P_UP) return -1;
-    if (p->rhdr.nbytes > 0 && (dst.ptr == NULL || dst.mem != XCCL_MEM_HOST)) {
+    if (p->rhdr.nbytes > 0 && dst.ptr != NULL && dst.mem != XCCL_MEM_HOST) {
         p->rstate  = SHM_R_STREAM; /* so the failure reports this receive */
         p->rcookie = cookie;
         snprintf(why, sizeof(why),
@@ -692,11 +692,12 @@ static int shm_match(xccl_tp_ctx_t *ctx, int peer, const shm_slot_t *s, int *nev
         shm_fail_peer(ctx, peer, XCCL_ERR_INTERNAL, SHM_DROPPED, why);
         return -1;
     }
-    p->rdst    = dst.ptr;
+    p->rdst    = dst.ptr; /* NULL: drop the payload (consume it from the ring, pull nothing) */
     p->rgot    = 0;
     p->rcookie = cookie;
     if (s->kind == SHM_REC_INLINE || p->rhdr.nbytes == 0) {
-        if (p->rhdr.nbytes > 0) memcpy(p->rdst, s->u.data, (size_t)p->rhdr.nbytes);
+        if (p->rhdr.nbytes > 0 && p->rdst != NULL)
+            memcpy(p->rdst, s->u.data, (size_t)p->rhdr.nbytes);
         shm_recv_complete(ctx, p, nev);
         return atomic_load(&p->state) == SHM_P_UP ? 0 : -1;
     }
@@ -716,14 +717,15 @@ static int shm_cma_step(xccl_tp_ctx_t *ctx, int peer, uint64_t *budget, int *nev
     shm_peer_t  *p    = &ctx->peers[peer];
     uint64_t     left = p->rhdr.nbytes - p->rgot;
     size_t       n    = (size_t)shm_min64(left, SHM_CMA_STEP);
-    struct iovec l    = {p->rdst + p->rgot, n};
     struct iovec r    = {(void *)(uintptr_t)(p->raddr + p->rgot), n};
-    ssize_t      got;
+    ssize_t      got  = (ssize_t)left;
     char         why[256];
 
-    do {
-        got = process_vm_readv(p->pid, &l, 1, &r, 1, 0);
-    } while (got < 0 && errno == EINTR);
+    while (p->rdst != NULL) { /* a dropped payload is not pulled at all */
+        struct iovec l = {p->rdst + p->rgot, n};
+        got            = process_vm_readv(p->pid, &l, 1, &r, 1, 0);
+        if (got >= 0 || errno != EINTR) break;
+    }
     if (got <= 0) {
         int e = got < 0 ? errno : EFAULT;
         if (e == ESRCH)
@@ -820,7 +822,7 @@ static int shm_consume(xccl_tp_ctx_t *ctx, int peer, int drain, int *nev)
              * refills behind us while we copy on */
             take = shm_min64(shm_min64(avail, p->rhdr.nbytes - p->rgot), bytes);
             take = shm_min64(take, r->cap / 4);
-            shm_ring_read(r, p->rtail, p->rdst + p->rgot, (size_t)take);
+            if (p->rdst != NULL) shm_ring_read(r, p->rtail, p->rdst + p->rgot, (size_t)take);
             p->rgot += take;
             p->rtail += take;
             bytes -= take;

@@ -15,7 +15,9 @@
  *                    -> recv_match(hdr) gives the destination (nbytes == 0: recv_done now)
  *           PAYLOAD  bytes already staged are copied to the destination; the rest is read
  *                    straight into it (the read that finishes a message also fills the
- *                    staging buffer with what follows) -> recv_done -> HDR
+ *                    staging buffer with what follows) -> recv_done -> HDR. With no
+ *                    destination (the core drops the payload) the bytes are read through the
+ *                    staging buffer and discarded there.
  *           DEFER    recv_match said "not yet" (a large message nobody has posted a receive
  *                    for): nothing more is read from that peer - TCP's flow control holds
  *                    the sender back - and every progress pass asks again, until the core
@@ -513,10 +515,10 @@ static int tcp_match(xccl_tp_ctx_t *ctx, int peer, int *nev)
         return 0;
     }
     p->rstate  = TCP_R_PAYLOAD;
-    p->rdst    = dst.ptr;
+    p->rdst    = dst.ptr; /* NULL: drop the payload */
     p->rgot    = 0;
     p->rcookie = cookie;
-    if (dst.ptr == NULL || dst.mem != XCCL_MEM_HOST) {
+    if (dst.ptr != NULL && dst.mem != XCCL_MEM_HOST) {
         snprintf(why, sizeof(why),
                  "message from rank %d (%" PRIu64 " bytes): the core gave no host buffer", peer,
                  p->rhdr.nbytes);
@@ -578,7 +580,7 @@ static void tcp_recv(xccl_tp_ctx_t *ctx, int peer, int *nev)
 
             if (p->roff < p->rlen) {
                 size_t take = p->rlen - p->roff < need ? p->rlen - p->roff : need;
-                memcpy(p->rdst + p->rgot, p->rbuf + p->roff, take);
+                if (p->rdst != NULL) memcpy(p->rdst + p->rgot, p->rbuf + p->roff, take);
                 p->roff += take;
                 p->rgot += take;
                 if (p->rgot == p->rhdr.nbytes) tcp_recv_complete(ctx, p, nev);
@@ -586,6 +588,18 @@ static void tcp_recv(xccl_tp_ctx_t *ctx, int peer, int *nev)
             }
             if (drained || budget-- == 0) return;
             p->roff = p->rlen = 0;
+            if (p->rdst == NULL) { /* dropped: through the staging buffer, consumed above */
+                r = recv(p->fd, p->rbuf, TCP_RBUF_LEN, MSG_DONTWAIT);
+                if (r > 0) {
+                    p->rlen = (size_t)r;
+                    drained = (size_t)r < TCP_RBUF_LEN;
+                    continue;
+                }
+                if (r < 0 && errno == EINTR) continue;
+                if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+                tcp_fail_io(ctx, peer, r == 0 ? 0 : errno);
+                return;
+            }
             iov[0].iov_base   = p->rdst + p->rgot;
             iov[0].iov_len    = need < TCP_IO_CHUNK ? need : TCP_IO_CHUNK;
             iov[1].iov_base   = p->rbuf;

@@ -58,22 +58,19 @@ const char *xccl_fp_str(uint64_t fp, char *buf, size_t len)
 /* Requests                                                                                    */
 /* ------------------------------------------------------------------------------------------ */
 
-static xccl_req_t *req_new(xccl_work_t *w, req_kind_t kind, int world_peer, void *buf,
-                           size_t nbytes, uint64_t tag)
+static void req_init(xccl_req_t *r, xccl_work_t *w, req_kind_t kind, int world_peer, void *buf,
+                     size_t nbytes, uint64_t tag)
 {
-    xccl_req_t *r = calloc(1, sizeof(*r));
-
-    if (r == NULL) return NULL;
     r->kind    = kind;
     r->peer    = world_peer;
+    r->src     = -1;
     r->buf     = buf;
     r->nbytes  = nbytes;
     r->tag     = tag;
     r->work    = w;
-    r->comm_id = w ? w->comm->id : 0;
-    r->fp      = w ? w->fp : 0;
+    r->comm_id = w->comm->id;
+    r->fp      = w->fp;
     r->status  = XCCL_INPROGRESS;
-    return r;
 }
 
 /* A control message that no Work owns: a mismatch or failure notice (`flags`) carrying
@@ -100,9 +97,10 @@ static void send_ctrl_flags(xccl_comm_t *comm, int peer, uint64_t seq, uint64_t 
 {
     xccl_ctx_t *ctx = comm->ctx;
     size_t      len = text ? strlen(text) + 1 : 0;
-    xccl_req_t *r   = calloc(1, sizeof(*r) + len);
+    xccl_req_t *r   = len ? calloc(1, sizeof(*r) + len) : xccl_req_get(ctx);
 
     if (r == NULL) return;
+    r->text    = len > 0;
     r->kind    = REQ_SEND;
     r->peer    = comm->world[peer];
     r->comm_id = comm->id;
@@ -111,7 +109,7 @@ static void send_ctrl_flags(xccl_comm_t *comm, int peer, uint64_t seq, uint64_t 
     r->buf     = len ? (char *)(r + 1) : NULL;
     r->nbytes  = len;
     if (len) memcpy(r->buf, text, len);
-    if (ctx->peer_dead[r->peer] != NULL || xccl_req_post_send(ctx, r) < 0) free(r);
+    if (ctx->peer_dead[r->peer] != NULL || xccl_req_post_send(ctx, r) < 0) xccl_req_put(ctx, r);
     /* on success the request frees itself when sent (work == NULL, see ctx.c) */
 }
 
@@ -141,8 +139,9 @@ static xccl_status_t task_post_now(xccl_task_t *t, req_kind_t kind, int peer, vo
     xccl_req_t   *r;
     xccl_status_t st;
 
-    r = req_new(w, kind, comm->world[peer], buf, nbytes, tag_coll(w->seq, step));
+    r = xccl_req_get(comm->ctx);
     if (r == NULL) return XCCL_ERROR(XCCL_ERR_NO_MEMORY, "%s: out of memory", w->name);
+    req_init(r, w, kind, comm->world[peer], buf, nbytes, tag_coll(w->seq, step));
     r->step  = step;
     r->mem   = t->args.mem;
     r->wnext = t->reqs;
@@ -321,8 +320,7 @@ static xccl_status_t sub_test(xccl_task_t *t)
             continue;
         }
         *pp = r->wnext;
-        free(r->trash);
-        free(r);
+        xccl_req_put(root->work->comm->ctx, r);
     }
     return XCCL_OK;
 }
@@ -359,8 +357,7 @@ xccl_status_t xccl_task_test(xccl_task_t *t)
     while (t->reqs != NULL) {
         xccl_req_t *r = t->reqs;
         t->reqs       = r->wnext;
-        free(r->trash);
-        free(r);
+        xccl_req_put(t->work->comm->ctx, r);
     }
     return XCCL_OK;
 }
@@ -602,10 +599,7 @@ void xccl_comm_free_spare(xccl_comm_t *comm)
 
 static xccl_work_t *find_coll(xccl_comm_t *comm, uint64_t seq)
 {
-    for (xccl_work_t *w = comm->ctx->active_head; w != NULL; w = w->next) {
-        if (w->comm == comm && w->kind == WORK_COLL && w->seq == seq) return w;
-    }
-    return NULL;
+    return xccl_u64map_get(&comm->colls, seq + 1); /* active collectives by seq + 1 */
 }
 
 void xccl_coll_mismatch(xccl_comm_t *comm, uint64_t seq, int peer_rank, uint64_t peer_fp,
@@ -706,12 +700,9 @@ static xccl_status_t p2p_post(xccl_comm_t *comm, req_kind_t kind, void *buf, siz
         return XCCL_ERROR(XCCL_ERR_INVALID_ARG, "%s: tag %u is not in [0, 2^31)", name, tag);
     w = xccl_work_new(comm, WORK_P2P, name, 0);
     if (w == NULL) return XCCL_ERROR(XCCL_ERR_NO_MEMORY, "%s: out of memory", name);
-    r = req_new(w, kind, peer == XCCL_ANY_SOURCE ? XCCL_ANY_SOURCE : comm->world[peer], buf,
-                nbytes, tag_p2p(tag));
-    if (r == NULL) {
-        xccl_work_release(w);
-        return XCCL_ERROR(XCCL_ERR_NO_MEMORY, "%s: out of memory", name);
-    }
+    r = &w->p2p_req; /* a p2p Work carries its one request: nothing to allocate */
+    req_init(r, w, kind, peer == XCCL_ANY_SOURCE ? XCCL_ANY_SOURCE : comm->world[peer], buf,
+             nbytes, tag_p2p(tag));
     w->req = r;
     ctx    = comm->ctx;
     pthread_mutex_lock(&ctx->lock);

@@ -6,8 +6,9 @@
  * Ownership and locking
  *   A context (xccl_ctx) is created with a world communicator and shared by every communicator
  *   split from it. ctx->lock serialises everything that touches transports, the matching queues
- *   and the active-work list; algorithms run under it. Transports call the upcalls in ctx.c
- *   with the lock held. Work completion callbacks run after the lock is released.
+ *   and the lists of active Works; algorithms run under it. Transports call the upcalls in
+ *   ctx.c with the lock held. Work completion callbacks run after the lock is released.
+ *   Communicators are reference counted (struct xccl_comm); Works by atomic counts (work.c).
  *
  * Tags (64 bits, compared whole; see tag_* below)
  *   kind (2 bits) | payload (62 bits)
@@ -26,6 +27,7 @@
 #include "core/exec.h"
 #include "core/rcache.h"
 #include "core/task.h"
+#include "core/u64map.h"
 #include "xccl/xccl.h"
 #include "xccl/xccl_transport.h"
 
@@ -78,7 +80,7 @@ struct xccl_req {
     int          state;   /* REQ_POSTED, REQ_ACTIVE (in a transport), REQ_DONE            */
     xccl_status_t status; /* XCCL_INPROGRESS until done                                  */
     int          peer;    /* world rank; XCCL_ANY_SOURCE for any-source receives           */
-    int          src;     /* world rank the matched message came from                      */
+    int          src;     /* world rank the matched message came from; -1 before a match   */
     uint64_t     comm_id;
     uint64_t     tag;
     uint64_t     fp;
@@ -88,14 +90,27 @@ struct xccl_req {
     size_t       received;
     uint32_t     step;
     uint64_t     t0, t1;  /* trace times                                                    */
-    void        *trash;   /* recv: drain buffer when the message is too large               */
+    int          text;    /* allocated with its payload after it (control notices): freed,
+                           * never pooled                                                 */
+    int          tp;      /* slot of the transport holding it (REQ_ACTIVE); -1: self        */
+    xccl_rreg_t *reg;     /* its buffer's registration with that transport, or NULL        */
+    void        *ev;      /* recv: executor event of the copy out of a staged message     */
     xccl_umsg_t *umsg;    /* recv: unexpected message being completed into this request     */
     xccl_work_t *work;    /* owner                                                          */
-    xccl_req_t  *next;    /* posted queue / work's request list                            */
-    xccl_req_t  *wnext;
+    uint64_t     pseq;    /* recv: posting order within its communicator (any-source rule)  */
+    xccl_req_t  *next, *prev; /* recv: its posted queue (comm->posted[peer] or comm->any)   */
+    xccl_req_t  *wnext;   /* the Work's request list                                      */
 };
 
-/* A message that arrived before its receive was posted. */
+/* The world rank a request exchanges with: a send's destination, a receive's posted source,
+ * or for an any-source receive the source of the message it matched; -1 while an any-source
+ * receive has matched nothing. */
+static inline int xccl_req_world_peer(const xccl_req_t *r);
+
+/* A message that arrived before its receive was posted. It is on ctx->unexp (every one, in
+ * arrival order) and, unless it is a control message or its communicator does not exist here
+ * (yet), on its communicator's queue for the sender (comm->unexp[cidx]) and the
+ * communicator's arrival list (any-source receives). */
 struct xccl_umsg {
     int            ctype; /* COOKIE_UMSG */
     int            src;   /* world rank */
@@ -104,20 +119,45 @@ struct xccl_umsg {
     int            done; /* payload fully arrived */
     xccl_status_t  status;
     xccl_req_t    *waiter; /* receive matched while the payload was still arriving */
-    xccl_umsg_t   *next;
+    xccl_comm_t   *comm;   /* whose queues it is on; NULL: only on ctx->unexp            */
+    int            cidx;   /* comm rank of src                                         */
+    xccl_umsg_t   *next, *prev;   /* ctx->unexp                                         */
+    xccl_umsg_t   *pnext, *pprev; /* comm->unexp[cidx]                                  */
+    xccl_umsg_t   *anext, *aprev; /* comm->arrivals                                     */
 };
 
-/* Communicator memory belongs to its context and is freed with it, so Works may point at their
- * communicator for as long as they live without reference counting. */
+typedef struct xccl_req_q {
+    xccl_req_t *head, *tail;
+} xccl_req_q_t;
+typedef struct xccl_umsg_q {
+    xccl_umsg_t *head, *tail;
+} xccl_umsg_q_t;
+
+/* A communicator is freed (under the context lock) once it is destroyed and nothing references
+ * it: `refs` counts the user's handle until xccl_comm_destroy, each active Work (activate to
+ * finish) and each request of its Works that a transport holds. A finished Work may outlive its
+ * communicator: the Work accessors never read w->comm once it finished. A freed communicator's
+ * id stays known for a while (ctx->gone) so that its late traffic is recognised and dropped. */
 struct xccl_comm {
     xccl_ctx_t  *ctx;
     uint64_t     id;
     int          rank, size;
     int         *world; /* world rank of each comm rank                                    */
+    int         *rank_of; /* comm rank of each world rank (-1: not a member)               */
+    /* matching (ctx.c): posted specific receives and unexpected messages per sending comm
+     * rank, posted any-source receives, unexpected messages in arrival order; the active
+     * collectives by seq + 1 (fingerprint checks) */
+    xccl_req_q_t  *posted;
+    xccl_req_q_t   any;
+    xccl_umsg_q_t *unexp;
+    xccl_umsg_q_t  arrivals;
+    uint64_t       post_seq;
+    xccl_u64map_t  colls;
     uint64_t     next_seq;
     uint64_t     parent_id; /* id of the communicator it was split from (0: none)        */
     int64_t      timeout_ms;
     int          destroyed;
+    int          refs;  /* see above (under the context lock)                            */
     xccl_status_t async_error;
     char         name[64];
     /* tracing (trace.c): a ring of events, off when trace_cap == 0 */
@@ -138,8 +178,18 @@ struct xccl_comm {
     /* scratch kept from a finished operation, per memory type (coll.c) */
     void        *spare[XCCL_MEM_TYPES];
     size_t       spare_len[XCCL_MEM_TYPES];
-    xccl_comm_t *next; /* ctx->comms */
+    xccl_work_t *works_head, *works_tail; /* active Works (work.c)                      */
+    /* splits made from this communicator, per member list (key: digest of the world ranks;
+     * value: how many, as an integer): a split's id hashes in that count (comm.c) */
+    xccl_u64map_t splits;
 };
+
+static inline int xccl_req_world_peer(const xccl_req_t *r)
+{
+    if (r->kind == REQ_SEND || r->peer != XCCL_ANY_SOURCE) return r->peer;
+    if (r->src >= 0) return r->src;
+    return r->umsg != NULL ? r->umsg->src : -1;
+}
 
 typedef enum { WORK_P2P, WORK_COLL } work_kind_t;
 
@@ -199,7 +249,8 @@ struct xccl_work {
     int64_t       deadline_ms;
     int64_t       timeout_ms;
     /* p2p */
-    xccl_req_t   *req;
+    xccl_req_t   *req;     /* &p2p_req once posted                                          */
+    xccl_req_t    p2p_req;
     int           source; /* comm rank a completed receive came from; -1 otherwise     */
     /* coll */
     xccl_task_t   task;
@@ -212,27 +263,69 @@ struct xccl_work {
     void          *cb_arg;
     int            async_counted; /* counted in ctx->nasync (background progress wanted)   */
     int            notified;      /* failed because a peer said so: do not pass it on      */
-    xccl_work_t   *next;  /* ctx->active                                                  */
+    int            expiring;      /* xccl_work_expire is building its message              */
+    /* While active, a Work is on three doubly linked lists (O(1) unlink, see work.c):       */
+    xccl_work_t   *next, *prev;       /* ctx->coll: collectives, in posting order (progress) */
+    xccl_work_t   *cm_next, *cm_prev; /* comm->works: the comm's Works, in posting order   */
+    xccl_work_t   *dl_next, *dl_prev; /* ctx->dl: every active Work by deadline            */
     xccl_work_t   *cnext; /* completion list                                              */
 };
+
+/* A walk over ctx->coll or ctx->dl that may finish Works (and so unlink them) as it goes:
+ * registered on ctx->cursors, and moved on by the unlink of the Work it points at. */
+typedef struct xccl_cursor {
+    xccl_work_t        *w;
+    int                 dl; /* walks ctx->dl (else ctx->coll) */
+    struct xccl_cursor *up;
+} xccl_cursor_t;
 
 typedef struct tp_slot {
     const xccl_transport_ops_t *ops;
     xccl_tp_ctx_t              *ctx;
     xccl_rcache_t              *rcache; /* registrations (XCCL_TP_CAP_NEEDS_REG only)     */
+    int                         ui;     /* its entry in ctx->tp_core / ctx->tp_up          */
 } tp_slot_t;
+
+/* What a transport's upcalls get as `core`: the context and the slot of that transport, so a
+ * receive knows which transport delivers into it (slot -1: a self-send). The entries do not
+ * move when unused transports are dropped after wire-up; `slot` is updated instead. */
+typedef struct tp_core {
+    xccl_ctx_t *ctx;
+    int         slot;
+} tp_core_t;
+
+static inline const char *xccl_mem_type_name(xccl_mem_type_t mem)
+{
+    return mem == XCCL_MEM_HOST ? "host" : mem == XCCL_MEM_CUDA ? "cuda" : "unknown";
+}
+
+/* The data-path caps bit that accepts memory type mem. */
+static inline uint32_t xccl_tp_cap_for(xccl_mem_type_t mem)
+{
+    return mem == XCCL_MEM_HOST ? XCCL_TP_CAP_HOST_MEM
+           : mem == XCCL_MEM_CUDA ? XCCL_TP_CAP_CUDA_MEM
+                                  : 0;
+}
 
 struct xccl_ctx {
     pthread_mutex_t   lock;
     pthread_cond_t    cond;
-    xccl_tp_upcalls_t up;
+    xccl_tp_upcalls_t tp_up[XCCL_MAX_TRANSPORTS];
+    tp_core_t         tp_core[XCCL_MAX_TRANSPORTS];
+    tp_core_t         self_core; /* {ctx, -1}: the `core` of self-sends                 */
     int               refcount; /* communicators not destroyed yet (under lock)          */
     int               rank, size;
     uint64_t          job_id;
     xccl_peer_info_t *peers;
     tp_slot_t         tp[XCCL_MAX_TRANSPORTS];
     int               ntp;
-    int8_t           *peer_tp;   /* transport index per world rank (-1: self)             */
+    int8_t           *peer_tp;   /* transport slot per world rank for host memory (-1: self) */
+    /* transport slot per (memory type, world rank): [mem * size + rank]; -1: none moves that
+     * memory type to that rank (or self) */
+    int8_t           *peer_tp_mem;
+    /* staged messages being copied into their receive by an asynchronous executor: requests
+     * linked through `next`, tested in every progress pass */
+    xccl_req_t       *copies;
     char            **peer_dead; /* reason, or NULL while the peer is healthy            */
     uint8_t          *peer_scarce; /* its host runs more ranks of the job than their CPUs  */
     /* large unexpected messages held back in their transport (XCCL_TP_CAP_DEFER): when the
@@ -240,10 +333,23 @@ struct xccl_ctx {
     int64_t          *defer_since;
     int64_t           defer_ms;
     uint64_t          defer_min;
-    xccl_req_t       *posted_head, *posted_tail;
-    xccl_umsg_t      *unexp_head, *unexp_tail;
-    xccl_work_t      *active_head, *active_tail;
-    xccl_comm_t      *comms;
+    xccl_umsg_t      *unexp_head, *unexp_tail; /* every unexpected message, arrival order */
+    uint64_t          match_headers; /* headers matched (recv_match)                        */
+    uint64_t          match_probes;  /* queue entries those examined (tests: the cost)      */
+    xccl_work_t      *coll_head, *coll_tail; /* active collectives, in posting order    */
+    xccl_work_t      *dl_head, *dl_tail;     /* every active Work, earliest deadline first */
+    xccl_cursor_t    *cursors;               /* walks in progress over those lists        */
+    xccl_u64map_t     comms;   /* id -> live communicator (destroyed ones until freed)    */
+    int               ncomms;  /* communicators allocated and not freed yet               */
+    /* ids of the last XCCL_GONE_IDS freed communicators: in ctx->comms with the value
+     * &xccl_comm_gone, and in this ring (oldest overwritten first) */
+    uint64_t         *gone_ids;
+    size_t            gone_next;
+    uint64_t          staged_bytes; /* payload bytes held by unexpected messages          */
+    /* free lists of request and unexpected-message records (at most XCCL_POOL_MAX each) */
+    xccl_req_t       *req_pool;
+    xccl_umsg_t      *umsg_pool;
+    int               req_pool_n, umsg_pool_n;
     int               nwaiters;   /* threads inside xccl_work_wait                         */
     int               nasync;     /* active works nobody is waiting on                     */
     pthread_t         thread;
@@ -285,8 +391,20 @@ xccl_status_t xccl_req_post_recv(xccl_ctx_t *ctx, xccl_req_t *r);
 /* Removes a request from the posted queue, or closes its peer when a transport holds it,
  * so that it is retired with `st`. Lock held. */
 void          xccl_req_cancel(xccl_ctx_t *ctx, xccl_req_t *r, xccl_status_t st, const char *why);
+/* Request records: a zeroed one from the context's pool (NULL when out of memory), and back.
+ * Lock held. A request freed where the lock is not held (a Work released after its context)
+ * is simply free()d: pooled records are plain allocations. */
+#define XCCL_POOL_MAX 1024
+xccl_req_t   *xccl_req_get(xccl_ctx_t *ctx);
+void          xccl_req_put(xccl_ctx_t *ctx, xccl_req_t *r);
 /* Unlinks and frees a fully arrived unexpected message. Lock held. */
 void          xccl_umsg_drop(xccl_ctx_t *ctx, xccl_umsg_t *u);
+/* Frees the unexpected messages of a destroyed communicator; those still arriving are freed
+ * when their payload is in. Lock held. */
+void          xccl_umsg_drop_comm(xccl_ctx_t *ctx, xccl_comm_t *comm);
+/* A communicator joined ctx->comms: its unexpected messages that arrived before move onto its
+ * queues, in arrival order. Lock held. */
+void          xccl_ctx_adopt(xccl_ctx_t *ctx, xccl_comm_t *comm);
 /* A request finished (called by ctx.c); routes to the owning Work. Lock held. */
 void          xccl_req_finished(xccl_ctx_t *ctx, xccl_req_t *r);
 
@@ -324,7 +442,17 @@ void          xccl_coll_notify_failure(xccl_work_t *w, const char *msg);
 void          xccl_coll_mismatch(xccl_comm_t *comm, uint64_t seq, int peer_rank, uint64_t peer_fp,
                                  int notify);
 void          xccl_comm_fail_all(xccl_comm_t *comm, xccl_status_t st, const char *why);
+/* The communicator with that id: a live one, &xccl_comm_gone (destroyed = 1, no members) for
+ * a recently freed one, or NULL for one this rank has not created (yet). Lock held. */
 xccl_comm_t  *xccl_ctx_find_comm(xccl_ctx_t *ctx, uint64_t id);
+extern xccl_comm_t xccl_comm_gone;
+#define XCCL_GONE_IDS 4096
+/* Reference counting of communicators (see struct xccl_comm). Lock held. */
+static inline void xccl_comm_ref(xccl_comm_t *c) { c->refs++; }
+void          xccl_comm_unref(xccl_comm_t *c);
+/* Frees a communicator's memory (ctx_free, or its last reference). Lock held or no lock
+ * needed (context teardown). */
+void          xccl_comm_free(xccl_comm_t *c);
 int           xccl_comm_rank_of_world(const xccl_comm_t *comm, int world_rank);
 
 /* topo.c: fills comm->topo from the members' host identities and the transports' models;
@@ -355,7 +483,8 @@ int           xccl_diag_ctrl_arrived(xccl_ctx_t *ctx, xccl_umsg_t *u);
 size_t        xccl_diag_row(const xccl_comm_t *comm, char *buf, size_t len);
 /* Asks every other member of comm for its row, waits up to wait_ms (less once all answered or
  * are dead) and writes "\nwhere the N ranks of comm ... are:" plus one row per rank into buf.
- * Lock held (kept throughout; the transports are pumped here). Returns the length written. */
+ * Lock held; released while it sleeps (other threads may finish or fail operations of comm
+ * meanwhile; comm itself stays). Returns the length written. */
 size_t        xccl_diag_table(xccl_comm_t *comm, int64_t wait_ms, char *buf, size_t len);
 /* How long a timeout of timeout_ms collects answers: min(1 s, timeout / 4), at least 100 ms;
  * $XCCL_DIAG_WAIT_MS overrides (0: no table). */

@@ -8,11 +8,16 @@
  *   2. every rank publishes its peer info                          key "info/<rank>"
  *   3. transports are initialised knowing every peer's info, and every rank publishes the
  *      address blobs of the transports it could start              key "addr/<rank>"
- *   4. each peer gets the preferred transport both ends have and that reaches it; each
- *      transport wires up the peers it serves.
+ *   4. each peer gets, per memory type, the preferred transport both ends have, that reaches
+ *      it and that takes that memory type; each transport wires up the peers it serves.
  *
- * Matching: receives are matched in posting order against (comm id, tag, source); messages
- * without a posted receive are kept as unexpected messages (staged in memory) in arrival order.
+ * Matching (constant time in ranks, communicators and pending operations): a header finds its
+ * communicator by id (hash map), then the first receive with its tag in the queue of receives
+ * posted for its sender and in the communicator's any-source queue; of the two, the one posted
+ * first wins (posting sequence numbers). Messages without a posted receive are kept as
+ * unexpected messages, staged in host memory: per sender and in arrival order on their
+ * communicator, and in ctx->unexp (which alone holds those of communicators this rank has not
+ * created yet, and control messages). A posted receive looks for its message the same way.
  */
 #include "core/core.h"
 
@@ -24,6 +29,7 @@
 #include <unistd.h>
 
 #include "core/auth.h"
+#include "core/exec.h"
 
 /* ------------------------------------------------------------------------------------------ */
 /* Bootstrap helpers                                                                           */
@@ -146,6 +152,7 @@ static void ctx_free(xccl_ctx_t *ctx)
 {
     if (ctx == NULL) return;
     for (int i = 0; i < ctx->ntp; i++) {
+        if (ctx->tp[i].rcache != NULL) xccl_rcache_free(ctx->tp[i].rcache);
         if (ctx->tp[i].ctx != NULL) ctx->tp[i].ops->finalize(ctx->tp[i].ctx);
     }
     while (ctx->unexp_head != NULL) {
@@ -154,38 +161,47 @@ static void ctx_free(xccl_ctx_t *ctx)
         free(u->data);
         free(u);
     }
+    while (ctx->umsg_pool != NULL) {
+        xccl_umsg_t *u = ctx->umsg_pool;
+        ctx->umsg_pool = u->next;
+        free(u);
+    }
+    while (ctx->req_pool != NULL) {
+        xccl_req_t *r = ctx->req_pool;
+        ctx->req_pool = r->next;
+        free(r);
+    }
     if (ctx->peer_dead != NULL) {
         for (int i = 0; i < ctx->size; i++) free(ctx->peer_dead[i]);
     }
-    while (ctx->comms != NULL) {
-        xccl_comm_t *c = ctx->comms;
-        ctx->comms     = c->next;
-        free(c->trace);
-        free(c->world);
-        free((void *)c->topo.node_of);
-        xccl_comm_free_spare(c);
-        free(c);
+    /* communicators still referenced (by requests the transports dropped at finalize) */
+    for (size_t i = 0; i < ctx->comms.cap; i++) {
+        xccl_comm_t *c = ctx->comms.vals[i];
+        if (ctx->comms.keys[i] != 0 && c != &xccl_comm_gone) xccl_comm_free(c);
     }
+    xccl_u64map_free(&ctx->comms);
+    free(ctx->gone_ids);
     free(ctx->peer_dead);
     free(ctx->peer_scarce);
     free(ctx->defer_since);
     free(ctx->peer_tp);
+    free(ctx->peer_tp_mem);
     free(ctx->peers);
     pthread_mutex_destroy(&ctx->lock);
     pthread_cond_destroy(&ctx->cond);
     free(ctx);
 }
 
-static const xccl_tp_upcalls_t *ctx_upcalls(xccl_ctx_t *ctx);
+static const xccl_tp_upcalls_t *ctx_upcalls(xccl_ctx_t *ctx, int k);
 
 /* Whether each world rank's host runs more ranks of this job than the CPUs they may run on
  * together (the union of their affinity masks: ranks bound one per CPU are not short of CPUs,
  * ranks all bound to one are). Every rank computes it from the same peer table, so the answer
  * is the job's, not a per-process guess: the algorithm selection may depend on it
  * (topo.scarce). On this rank's host, waiters then yield the CPU between polls (the rank
- * they wait for may need it; otherwise they poll flat out, as a sched_yield per poll costs a
- * system call, ~0.3 us in a VM, that delays noticing a message; XCCL_SPIN_YIELD=0/1
- * overrides), and the transports learn it at init. */
+ * they wait for may need it; otherwise they poll flat out, since a sched_yield per poll is a
+ * system call that delays noticing a message; XCCL_SPIN_YIELD=0/1 overrides), and the
+ * transports learn it at init. */
 static xccl_status_t scarce_hosts(xccl_ctx_t *ctx)
 {
     const xccl_peer_info_t *p = ctx->peers;
@@ -243,13 +259,16 @@ xccl_status_t xccl_ctx_create(const xccl_comm_config_t *cfg, xccl_ctx_t **out)
     ctx->spin_ns = xccl_env_int("XCCL_SPIN_US", 50) * 1000;
     ctx->peers   = calloc((size_t)cfg->size, sizeof(*ctx->peers));
     ctx->peer_tp = calloc((size_t)cfg->size, sizeof(*ctx->peer_tp));
+    ctx->peer_tp_mem = calloc((size_t)cfg->size * XCCL_MEM_TYPES, sizeof(*ctx->peer_tp_mem));
+    ctx->self_core   = (tp_core_t){ctx, -1};
     ctx->peer_dead = calloc((size_t)cfg->size, sizeof(char *));
     ctx->defer_since = calloc((size_t)cfg->size, sizeof(int64_t));
     ctx->defer_ms    = xccl_env_int("XCCL_DEFER_MS", 10);
     ctx->defer_min   = (uint64_t)xccl_env_int("XCCL_DEFER_MIN_BYTES", 64 << 10);
     recs         = calloc((size_t)cfg->size, sizeof(*recs));
     raw          = calloc((size_t)cfg->size, sizeof(void *));
-    if (!ctx->peers || !ctx->peer_tp || !ctx->peer_dead || !ctx->defer_since || !recs || !raw) {
+    if (!ctx->peers || !ctx->peer_tp || !ctx->peer_tp_mem || !ctx->peer_dead ||
+        !ctx->defer_since || !recs || !raw) {
         st = XCCL_ERROR(XCCL_ERR_NO_MEMORY, "comm create: out of memory");
         goto out;
     }
@@ -318,8 +337,7 @@ xccl_status_t xccl_ctx_create(const xccl_comm_config_t *cfg, xccl_ctx_t **out)
     {
         xccl_tp_init_params_t p = {
             .rank = cfg->rank, .size = cfg->size, .job_id = ctx->job_id, .peers = ctx->peers,
-            .auth_key = key_p, .auth_key_len = key_p ? key_l : 0, .up = ctx_upcalls(ctx),
-            .cpus_scarce = scarce,
+            .auth_key = key_p, .auth_key_len = key_p ? key_l : 0, .cpus_scarce = scarce,
         };
         size_t off;
         rec = calloc(1, 4 + (size_t)XCCL_MAX_TRANSPORTS * (20 + XCCL_TP_ADDR_MAX));
@@ -333,7 +351,8 @@ xccl_status_t xccl_ctx_create(const xccl_comm_config_t *cfg, xccl_ctx_t **out)
             size_t         alen = XCCL_TP_ADDR_MAX;
             uint32_t       l32;
             if (cand[i]->abi_version != XCCL_TRANSPORT_ABI_VERSION) continue;
-            st = cand[i]->init(&p, &tc);
+            p.up = ctx_upcalls(ctx, ctx->ntp);
+            st   = cand[i]->init(&p, &tc);
             if (st == XCCL_ERR_NOT_SUPPORTED) {
                 XCCL_INFO("transport %s not available here", cand[i]->name);
                 continue;
@@ -341,7 +360,11 @@ xccl_status_t xccl_ctx_create(const xccl_comm_config_t *cfg, xccl_ctx_t **out)
             if (st < 0) goto out;
             ctx->tp[ctx->ntp].ops = cand[i];
             ctx->tp[ctx->ntp].ctx = tc;
+            ctx->tp[ctx->ntp].ui  = ctx->ntp;
             ctx->ntp++;
+            if (cand[i]->caps & XCCL_TP_CAP_NEEDS_REG)
+                XCCL_CHECK_GOTO(xccl_rcache_new(cand[i], tc, &ctx->tp[ctx->ntp - 1].rcache), st,
+                                out);
             XCCL_CHECK_GOTO(cand[i]->get_addr(tc, rec + off + 20, &alen), st, out);
             strncpy((char *)rec + off, cand[i]->name, 15);
             l32 = (uint32_t)alen;
@@ -363,20 +386,27 @@ xccl_status_t xccl_ctx_create(const xccl_comm_config_t *cfg, xccl_ctx_t **out)
         XCCL_CHECK_GOTO(addr_parse(raw[r], vlen, r, &recs[r]), st, out);
     }
 
-    /* 4. per-peer transport choice and wire-up */
+    /* 4. per (peer, memory type) transport choice - the first in preference order that both
+     *    ends have, that reaches the peer and whose data path takes that memory type - and
+     *    wire-up. Host memory must be reachable for every peer. */
     for (int r = 0; r < cfg->size; r++) {
-        ctx->peer_tp[r] = -1;
-        if (r == cfg->rank) continue;
-        for (int i = 0; i < ctx->ntp && ctx->peer_tp[r] < 0; i++) {
-            for (int j = 0; j < recs[r].ntp; j++) {
-                if (strcmp(recs[r].names[j], ctx->tp[i].ops->name) == 0 &&
-                    ctx->tp[i].ops->reachable(ctx->tp[i].ctx, r)) {
-                    ctx->peer_tp[r] = (int8_t)i;
-                    break;
+        for (int m = 0; m < XCCL_MEM_TYPES; m++) {
+            int8_t *choice = &ctx->peer_tp_mem[m * cfg->size + r];
+            *choice        = -1;
+            if (r == cfg->rank) continue;
+            for (int i = 0; i < ctx->ntp && *choice < 0; i++) {
+                if (!(ctx->tp[i].ops->caps & xccl_tp_cap_for((xccl_mem_type_t)m))) continue;
+                for (int j = 0; j < recs[r].ntp; j++) {
+                    if (strcmp(recs[r].names[j], ctx->tp[i].ops->name) == 0 &&
+                        ctx->tp[i].ops->reachable(ctx->tp[i].ctx, r)) {
+                        *choice = (int8_t)i;
+                        break;
+                    }
                 }
             }
         }
-        if (ctx->peer_tp[r] < 0) {
+        ctx->peer_tp[r] = ctx->peer_tp_mem[XCCL_MEM_HOST * cfg->size + r];
+        if (r != cfg->rank && ctx->peer_tp[r] < 0) {
             st = XCCL_ERROR(XCCL_ERR_NOT_SUPPORTED,
                             "comm create on rank %d: no common transport reaches rank %d",
                             cfg->rank, r);
@@ -386,16 +416,23 @@ xccl_status_t xccl_ctx_create(const xccl_comm_config_t *cfg, xccl_ctx_t **out)
     /* a transport that serves no peer only costs wake-ups: drop it */
     for (int i = 0; i < ctx->ntp;) {
         int used = 0;
-        for (int r = 0; r < cfg->size; r++) used |= ctx->peer_tp[r] == i;
+        for (int k = 0; k < cfg->size * XCCL_MEM_TYPES; k++) used |= ctx->peer_tp_mem[k] == i;
         if (used || ctx->ntp == 1) {
             i++;
             continue;
         }
+        if (ctx->tp[i].rcache != NULL) xccl_rcache_free(ctx->tp[i].rcache);
         ctx->tp[i].ops->finalize(ctx->tp[i].ctx);
-        for (int j = i; j + 1 < ctx->ntp; j++) ctx->tp[j] = ctx->tp[j + 1];
+        for (int j = i; j + 1 < ctx->ntp; j++) {
+            ctx->tp[j]                       = ctx->tp[j + 1];
+            ctx->tp_core[ctx->tp[j].ui].slot = j;
+        }
         ctx->ntp--;
         for (int r = 0; r < cfg->size; r++) {
             if (ctx->peer_tp[r] > i) ctx->peer_tp[r]--;
+        }
+        for (int k = 0; k < cfg->size * XCCL_MEM_TYPES; k++) {
+            if (ctx->peer_tp_mem[k] > i) ctx->peer_tp_mem[k]--;
         }
     }
     for (int i = 0; i < ctx->ntp; i++) {
@@ -409,7 +446,10 @@ xccl_status_t xccl_ctx_create(const xccl_comm_config_t *cfg, xccl_ctx_t **out)
             goto out;
         }
         for (int r = 0; r < cfg->size; r++) {
-            if (ctx->peer_tp[r] != i) continue;
+            int serves = 0;
+            for (int m = 0; m < XCCL_MEM_TYPES; m++)
+                serves |= ctx->peer_tp_mem[m * cfg->size + r] == i;
+            if (!serves) continue;
             for (int j = 0; j < recs[r].ntp; j++) {
                 if (strcmp(recs[r].names[j], ctx->tp[i].ops->name) == 0) {
                     addrs[r] = recs[r].blobs[j];
@@ -472,51 +512,187 @@ void xccl_ctx_release(xccl_ctx_t *ctx)
 /* Matching                                                                                    */
 /* ------------------------------------------------------------------------------------------ */
 
-static int req_matches(const xccl_req_t *r, int src, const xccl_msg_hdr_t *h)
+/* Lists: posted receives are doubly linked in their queue (comm->posted[comm rank of the
+ * source] or comm->any); unexpected messages on ctx->unexp and, when their communicator exists
+ * here, on comm->unexp[sender] and comm->arrivals. Every unlink is O(1). */
+
+static xccl_req_q_t *posted_q(xccl_comm_t *c, const xccl_req_t *r)
 {
-    return r->comm_id == h->comm_id && r->tag == h->tag &&
-           (r->peer == src || r->peer == XCCL_ANY_SOURCE);
+    return r->peer == XCCL_ANY_SOURCE ? &c->any : &c->posted[c->rank_of[r->peer]];
+}
+
+static void posted_link(xccl_comm_t *c, xccl_req_t *r)
+{
+    xccl_req_q_t *q = posted_q(c, r);
+
+    r->pseq = ++c->post_seq;
+    r->next = NULL;
+    r->prev = q->tail;
+    if (q->tail) q->tail->next = r;
+    else q->head = r;
+    q->tail = r;
 }
 
 static void posted_unlink(xccl_ctx_t *ctx, xccl_req_t *r)
 {
-    xccl_req_t **pp   = &ctx->posted_head;
-    xccl_req_t  *prev = NULL;
+    xccl_req_q_t *q = posted_q(r->work->comm, r);
 
-    while (*pp != NULL && *pp != r) {
-        prev = *pp;
-        pp   = &(*pp)->next;
-    }
-    if (*pp == NULL) return;
-    *pp = r->next;
-    if (ctx->posted_tail == r) ctx->posted_tail = prev;
-    r->next = NULL;
+    (void)ctx;
+    if (r->prev) r->prev->next = r->next;
+    else q->head = r->next;
+    if (r->next) r->next->prev = r->prev;
+    else q->tail = r->prev;
+    r->next = r->prev = NULL;
+}
+
+/* Puts u on its communicator's queues (c NULL: not created here yet; ctx->unexp only). */
+static void umsg_link_comm(xccl_comm_t *c, xccl_umsg_t *u)
+{
+    xccl_umsg_q_t *q;
+
+    u->comm = NULL;
+    if (c == NULL || tag_kind(u->hdr.tag) == TAG_KIND_CTRL) return; /* never received */
+    u->cidx = c->rank_of[u->src];
+    if (u->cidx < 0) return; /* from a non-member: nothing can receive it */
+    u->comm  = c;
+    q        = &c->unexp[u->cidx];
+    u->pnext = NULL;
+    u->pprev = q->tail;
+    if (q->tail) q->tail->pnext = u;
+    else q->head = u;
+    q->tail  = u;
+    u->anext = NULL;
+    u->aprev = c->arrivals.tail;
+    if (c->arrivals.tail) c->arrivals.tail->anext = u;
+    else c->arrivals.head = u;
+    c->arrivals.tail = u;
+}
+
+static void umsg_unlink_comm(xccl_umsg_t *u)
+{
+    xccl_comm_t   *c = u->comm;
+    xccl_umsg_q_t *q;
+
+    if (c == NULL) return;
+    q = &c->unexp[u->cidx];
+    if (u->pprev) u->pprev->pnext = u->pnext;
+    else q->head = u->pnext;
+    if (u->pnext) u->pnext->pprev = u->pprev;
+    else q->tail = u->pprev;
+    if (u->aprev) u->aprev->anext = u->anext;
+    else c->arrivals.head = u->anext;
+    if (u->anext) u->anext->aprev = u->aprev;
+    else c->arrivals.tail = u->aprev;
+    u->pnext = u->pprev = u->anext = u->aprev = NULL;
+    u->comm = NULL;
 }
 
 static void umsg_unlink(xccl_ctx_t *ctx, xccl_umsg_t *u)
 {
-    xccl_umsg_t **pp   = &ctx->unexp_head;
-    xccl_umsg_t  *prev = NULL;
-
-    while (*pp != NULL && *pp != u) {
-        prev = *pp;
-        pp   = &(*pp)->next;
-    }
-    if (*pp == NULL) return;
-    *pp = u->next;
-    if (ctx->unexp_tail == u) ctx->unexp_tail = prev;
-    u->next = NULL;
+    umsg_unlink_comm(u);
+    if (u->prev) u->prev->next = u->next;
+    else ctx->unexp_head = u->next;
+    if (u->next) u->next->prev = u->prev;
+    else ctx->unexp_tail = u->prev;
+    u->next = u->prev = NULL;
 }
 
-void xccl_umsg_drop(xccl_ctx_t *ctx, xccl_umsg_t *u)
+void xccl_ctx_adopt(xccl_ctx_t *ctx, xccl_comm_t *comm)
+{
+    for (xccl_umsg_t *u = ctx->unexp_head; u != NULL; u = u->next) {
+        if (u->comm == NULL && u->hdr.comm_id == comm->id && u->hdr.tag != ~0ull)
+            umsg_link_comm(comm, u);
+    }
+}
+
+xccl_req_t *xccl_req_get(xccl_ctx_t *ctx)
+{
+    xccl_req_t *r = ctx->req_pool;
+
+    if (r == NULL) return calloc(1, sizeof(*r));
+    ctx->req_pool = r->next;
+    ctx->req_pool_n--;
+    memset(r, 0, sizeof(*r));
+    return r;
+}
+
+void xccl_req_put(xccl_ctx_t *ctx, xccl_req_t *r)
+{
+    if (r->text || ctx->req_pool_n >= XCCL_POOL_MAX) {
+        free(r);
+        return;
+    }
+    r->next       = ctx->req_pool;
+    ctx->req_pool = r;
+    ctx->req_pool_n++;
+}
+
+static xccl_umsg_t *umsg_get(xccl_ctx_t *ctx)
+{
+    xccl_umsg_t *u = ctx->umsg_pool;
+
+    if (u == NULL) return calloc(1, sizeof(*u));
+    ctx->umsg_pool = u->next;
+    ctx->umsg_pool_n--;
+    memset(u, 0, sizeof(*u));
+    return u;
+}
+
+/* Frees an unexpected message already unlinked. */
+static void umsg_release(xccl_ctx_t *ctx, xccl_umsg_t *u)
+{
+    ctx->staged_bytes -= u->data != NULL ? u->hdr.nbytes : 0;
+    free(u->data);
+    if (ctx->umsg_pool_n >= XCCL_POOL_MAX) {
+        free(u);
+        return;
+    }
+    u->next        = ctx->umsg_pool;
+    ctx->umsg_pool = u;
+    ctx->umsg_pool_n++;
+}
+
+static void umsg_free(xccl_ctx_t *ctx, xccl_umsg_t *u)
 {
     umsg_unlink(ctx, u);
-    free(u->data);
-    free(u);
+    umsg_release(ctx, u);
 }
 
-/* A request's trace time: read only when its communicator traces (the clock costs ~25 ns in a
- * VM, several times per small operation). */
+void xccl_umsg_drop(xccl_ctx_t *ctx, xccl_umsg_t *u) { umsg_free(ctx, u); }
+
+void xccl_umsg_drop_comm(xccl_ctx_t *ctx, xccl_comm_t *comm)
+{
+    for (xccl_umsg_t *u = ctx->unexp_head, *next; u != NULL; u = next) {
+        next = u->next;
+        if (u->hdr.comm_id != comm->id || u->waiter != NULL) continue;
+        if (u->done) {
+            umsg_free(ctx, u);
+        } else { /* freed when the payload is in; off the queues of comm, which may go first */
+            umsg_unlink_comm(u);
+            u->hdr.tag = ~0ull;
+        }
+    }
+}
+
+/* A transport holds r (until send_done / recv_done): its Work and communicator stay. */
+static void req_hold(xccl_req_t *r)
+{
+    if (r->work == NULL) return;
+    xccl_work_retain(r->work);
+    xccl_comm_ref(r->work->comm);
+}
+
+static void req_unhold(xccl_req_t *r)
+{
+    xccl_work_t *w = r->work;
+    xccl_comm_t *c = w->comm;
+
+    xccl_work_release(w);
+    xccl_comm_unref(c);
+}
+
+/* A request's trace time: the clock is read only when its communicator traces (it would be
+ * read several times per small operation). */
 static uint64_t trace_now(const xccl_req_t *r)
 {
     return r->work != NULL && r->work->comm->trace_cap > 0 ? xccl_now_ns() : 0;
@@ -531,36 +707,81 @@ static void req_complete(xccl_ctx_t *ctx, xccl_req_t *r, xccl_status_t st)
     r->state  = REQ_DONE;
     r->status = st;
     r->t1     = trace_now(r);
-    free(r->trash);
-    r->trash = NULL;
+    if (r->reg != NULL) { /* the transport let go of the buffer */
+        xccl_rcache_put(ctx->tp[r->tp].rcache, r->reg);
+        r->reg = NULL;
+    }
     if (w == NULL) { /* an ownerless control notice */
-        free(r);
+        xccl_req_put(ctx, r);
         return;
     }
     xccl_trace_req(r);
     xccl_req_finished(ctx, r);
-    if (was_active) xccl_work_release(w);
+    if (was_active) req_unhold(r);
 }
 
-/* Copies a fully-arrived unexpected message into a receive and completes it. */
+/* Copies a fully-arrived unexpected message (staged in host memory) into a receive with the
+ * executor of the receive's memory type, and completes it - later, when that executor's copy
+ * is asynchronous (the request then waits on ctx->copies, holding its Work, and keeps u). */
 static void umsg_deliver(xccl_ctx_t *ctx, xccl_umsg_t *u, xccl_req_t *r)
 {
-    xccl_status_t st = u->status;
+    xccl_status_t          st = u->status;
+    const xccl_exec_ops_t *ex = xccl_exec_for(r->mem);
 
     r->src      = u->src;
     r->received = u->hdr.nbytes;
+    r->umsg     = NULL;
+    umsg_unlink(ctx, u);
     if (st == XCCL_OK && u->hdr.nbytes > r->nbytes) {
         st = XCCL_ERROR(XCCL_ERR_INVALID_USAGE,
                         "receive buffer of %zu bytes is smaller than the %llu-byte message "
                         "from rank %d",
                         r->nbytes, (unsigned long long)u->hdr.nbytes, u->src);
+    } else if (st == XCCL_OK && u->hdr.nbytes > 0 && ex == NULL) {
+        st = XCCL_ERROR(XCCL_ERR_NOT_SUPPORTED,
+                        "receive from rank %d into %s memory: no executor for that memory type "
+                        "in this process",
+                        u->src, xccl_mem_type_name(r->mem));
     } else if (st == XCCL_OK && u->hdr.nbytes > 0) {
-        memcpy(r->buf, u->data, u->hdr.nbytes);
+        void *ev = NULL;
+        st       = ex->copy(r->buf, u->data, u->hdr.nbytes, &ev);
+        if (st == XCCL_INPROGRESS) {
+            r->ev    = ev;
+            r->umsg  = u;
+            r->tp    = -1;
+            r->state = REQ_ACTIVE;
+            req_hold(r);
+            r->next     = ctx->copies;
+            ctx->copies = r;
+            return;
+        }
     }
-    umsg_unlink(ctx, u);
-    free(u->data);
-    free(u);
+    umsg_release(ctx, u);
     req_complete(ctx, r, st);
+}
+
+/* Tests the asynchronous copies out of staged messages; completes the finished ones. */
+static int copies_progress(xccl_ctx_t *ctx)
+{
+    int events = 0;
+
+    for (xccl_req_t **pp = &ctx->copies; *pp != NULL;) {
+        xccl_req_t   *r  = *pp;
+        xccl_status_t st = xccl_exec_for(r->mem)->test(r->ev);
+        xccl_umsg_t  *u  = r->umsg;
+        if (st == XCCL_INPROGRESS) {
+            pp = &r->next;
+            continue;
+        }
+        *pp     = r->next;
+        r->next = NULL;
+        r->ev   = NULL;
+        r->umsg = NULL;
+        umsg_release(ctx, u);
+        req_complete(ctx, r, st);
+        events++;
+    }
+    return events;
 }
 
 /* Whether the unexpected message `hdr` from `peer` waits in its transport for a receive
@@ -569,16 +790,15 @@ static void umsg_deliver(xccl_ctx_t *ctx, xccl_umsg_t *u, xccl_req_t *r)
  * the core's own), only over transports that can hold a message, and for a limited time:
  * everything behind it from that peer waits too, and a program may first need one of those
  * (a receive for a later tag), so the wait must end by itself. The limit is XCCL_DEFER_MS plus
- * 1 ms per MiB, about what staging the message would cost (page faults of a fresh buffer and
- * a copy run near 1 GB/s in a VM): the receiver of a large message is often busy with one as
- * large (TCP np=4 broadcast of 256 MiB, scatter_allgather's 64 MiB ring blocks: 367 ms with
- * the flat 10 ms, 191 ms with 200 ms). */
-static int defer(xccl_ctx_t *ctx, int peer, const xccl_msg_hdr_t *hdr)
+ * 1 ms per MiB, about what staging the message would cost (faulting in a fresh buffer and
+ * copying into it): the receiver of a large message is often busy with one as large, so the
+ * limit grows with the size rather than being one flat time. */
+static int defer(xccl_ctx_t *ctx, int slot, int peer, const xccl_msg_hdr_t *hdr)
 {
     int64_t now;
 
-    if (hdr->nbytes < ctx->defer_min || ctx->defer_ms <= 0 || peer == ctx->rank ||
-        ctx->peer_tp[peer] < 0 || !(ctx->tp[ctx->peer_tp[peer]].ops->caps & XCCL_TP_CAP_DEFER))
+    if (hdr->nbytes < ctx->defer_min || ctx->defer_ms <= 0 || slot < 0 ||
+        !(ctx->tp[slot].ops->caps & XCCL_TP_CAP_DEFER))
         return 0;
     now = xccl_now_ms();
     if (ctx->defer_since[peer] == 0) ctx->defer_since[peer] = now;
@@ -588,7 +808,8 @@ static int defer(xccl_ctx_t *ctx, int peer, const xccl_msg_hdr_t *hdr)
 static xccl_status_t up_recv_match(void *core, int peer, const xccl_msg_hdr_t *hdr,
                                    xccl_tp_buf_t *dst, void **cookie)
 {
-    xccl_ctx_t  *ctx     = core;
+    xccl_ctx_t  *ctx     = ((tp_core_t *)core)->ctx;
+    int          slot    = ((tp_core_t *)core)->slot; /* the transport delivering; -1: self */
     xccl_comm_t *c       = xccl_ctx_find_comm(ctx, hdr->comm_id);
     int          discard = 0;
     xccl_req_t  *r;
@@ -601,21 +822,35 @@ static xccl_status_t up_recv_match(void *core, int peer, const xccl_msg_hdr_t *h
         goto stage;
     }
     if (tag_kind(hdr->tag) == TAG_KIND_CTRL) goto stage; /* handled when complete */
+    ctx->match_headers++;
+    if (c == NULL) goto unexpected; /* a communicator this rank has not created yet */
     if (tag_kind(hdr->tag) == TAG_KIND_COLL) {
         /* check the call's fingerprint against the local collective with that seq */
-        if (c != NULL) {
-            for (xccl_work_t *w = ctx->active_head; w != NULL; w = w->next) {
-                if (w->comm == c && w->kind == WORK_COLL && w->seq == tag_seq(hdr->tag) &&
-                    w->fp != hdr->fp) {
-                    xccl_coll_mismatch(c, w->seq, xccl_comm_rank_of_world(c, peer), hdr->fp, 1);
-                    discard = 1;
-                    goto stage;
-                }
-            }
+        xccl_work_t *w = xccl_u64map_get(&c->colls, tag_seq(hdr->tag) + 1);
+        ctx->match_probes++;
+        if (w != NULL && w->fp != hdr->fp) {
+            xccl_coll_mismatch(c, w->seq, xccl_comm_rank_of_world(c, peer), hdr->fp, 1);
+            discard = 1;
+            goto stage;
         }
     }
-    for (r = ctx->posted_head; r != NULL; r = r->next) {
-        if (req_matches(r, peer, hdr)) break;
+    /* the first match from that sender's queue and from the any-source queue: the one posted
+     * first wins */
+    {
+        int         src = c->rank_of[peer];
+        xccl_req_t *a;
+        if (src < 0) goto unexpected; /* not a member: no receive of c may take it */
+        for (r = c->posted[src].head; r != NULL; r = r->next) {
+            ctx->match_probes++;
+            if (r->tag == hdr->tag) break;
+        }
+        for (a = c->any.head; a != NULL && (r == NULL || a->pseq < r->pseq); a = a->next) {
+            ctx->match_probes++;
+            if (a->tag == hdr->tag) {
+                r = a;
+                break;
+            }
+        }
     }
     if (r != NULL) {
         ctx->defer_since[peer] = 0;
@@ -623,23 +858,36 @@ static xccl_status_t up_recv_match(void *core, int peer, const xccl_msg_hdr_t *h
         r->src      = peer;
         r->received = hdr->nbytes;
         r->state    = REQ_ACTIVE;
-        xccl_work_retain(r->work);
+        r->tp       = slot;
+        req_hold(r);
+        dst->ptr = NULL; /* unless it is taken below, the transport drops the payload and the
+                          * receive fails at recv_done with r->status's reason */
         if (hdr->nbytes > r->nbytes) {
-            /* drain into a trash buffer, then fail the receive (no truncation) */
-            r->trash = malloc(hdr->nbytes);
-            if (r->trash == NULL) return XCCL_ERR_NO_MEMORY;
-            r->status = XCCL_ERR_INVALID_USAGE;
-            dst->ptr  = r->trash;
+            r->status = XCCL_ERR_INVALID_USAGE; /* no truncation */
+        } else if (hdr->nbytes > 0 && slot >= 0 &&
+                   !(ctx->tp[slot].ops->caps & xccl_tp_cap_for(r->mem))) {
+            r->status = XCCL_ERR_NOT_SUPPORTED;
+        } else if (hdr->nbytes > 0 && slot >= 0 && ctx->tp[slot].rcache != NULL &&
+                   xccl_rcache_get(ctx->tp[slot].rcache, r->buf, r->nbytes, r->mem, &r->reg,
+                                   &dst->mr) < 0) {
+            r->status = XCCL_ERR_NOT_SUPPORTED;
         } else {
             dst->ptr = r->buf;
+            dst->mem = r->mem;
         }
         *cookie = r;
         return XCCL_OK;
     }
-    if (defer(ctx, peer, hdr)) return XCCL_INPROGRESS;
+unexpected:
+    if (defer(ctx, slot, peer, hdr)) return XCCL_INPROGRESS;
 stage:
     ctx->defer_since[peer] = 0;
-    u = calloc(1, sizeof(*u));
+    if (discard) { /* the transport drops the payload; recv_done(NULL) is a no-op */
+        dst->ptr = NULL;
+        *cookie  = NULL;
+        return XCCL_OK;
+    }
+    u = umsg_get(ctx);
     if (u == NULL) return XCCL_ERR_NO_MEMORY;
     u->ctype  = COOKIE_UMSG;
     u->src    = peer;
@@ -648,24 +896,29 @@ stage:
     if (hdr->nbytes > 0) {
         u->data = malloc(hdr->nbytes);
         if (u->data == NULL) {
-            free(u);
+            u->next        = ctx->umsg_pool;
+            ctx->umsg_pool = u;
+            ctx->umsg_pool_n++;
             return XCCL_ERROR(XCCL_ERR_NO_MEMORY,
                               "no memory to stage a %llu-byte message from rank %d",
                               (unsigned long long)hdr->nbytes, peer);
         }
+        ctx->staged_bytes += hdr->nbytes;
     }
-    if (discard) u->hdr.tag = ~0ull; /* freed when the payload is in */
+    u->next = NULL;
+    u->prev = ctx->unexp_tail;
     if (ctx->unexp_tail) ctx->unexp_tail->next = u;
     else ctx->unexp_head = u;
     ctx->unexp_tail = u;
-    dst->ptr        = u->data;
-    *cookie         = u;
+    umsg_link_comm(c, u);
+    dst->ptr = u->data;
+    *cookie  = u;
     return XCCL_OK;
 }
 
 static void up_recv_done(void *core, void *cookie, xccl_status_t st)
 {
-    xccl_ctx_t *ctx = core;
+    xccl_ctx_t *ctx = ((tp_core_t *)core)->ctx;
 
     if (cookie == NULL) return;
     if (*(int *)cookie == COOKIE_REQ) {
@@ -675,6 +928,12 @@ static void up_recv_done(void *core, void *cookie, xccl_status_t st)
                             "receive buffer of %zu bytes is smaller than the %zu-byte message "
                             "from rank %d",
                             r->nbytes, r->received, r->src);
+        } else if (r->status == XCCL_ERR_NOT_SUPPORTED && st == XCCL_OK) {
+            st = XCCL_ERROR(XCCL_ERR_NOT_SUPPORTED,
+                            "receive of %zu bytes from rank %d into %s memory: transport %s "
+                            "cannot deliver into that memory type",
+                            r->received, r->src, xccl_mem_type_name(r->mem),
+                            ctx->tp[r->tp].ops->name);
         }
         req_complete(ctx, r, st);
         return;
@@ -686,9 +945,7 @@ static void up_recv_done(void *core, void *cookie, xccl_status_t st)
         if (tag_kind(u->hdr.tag) == TAG_KIND_CTRL && xccl_coll_ctrl_arrived(ctx, u))
             u->hdr.tag = ~0ull;
         if (u->hdr.tag == ~0ull) { /* discarded payload */
-            umsg_unlink(ctx, u);
-            free(u->data);
-            free(u);
+            umsg_free(ctx, u);
             return;
         }
         if (u->waiter != NULL) umsg_deliver(ctx, u, u->waiter);
@@ -697,25 +954,31 @@ static void up_recv_done(void *core, void *cookie, xccl_status_t st)
 
 static void up_send_done(void *core, void *cookie, xccl_status_t st)
 {
-    req_complete(core, cookie, st);
+    req_complete(((tp_core_t *)core)->ctx, cookie, st);
 }
 
 static void up_peer_failed(void *core, int peer, xccl_status_t st, const char *why)
 {
-    xccl_ctx_t *ctx = core;
+    xccl_ctx_t *ctx = ((tp_core_t *)core)->ctx;
     xccl_req_t *r, *next;
     char        msg[512];
     int         failed = 0;
 
     if (ctx->peer_dead[peer] == NULL) ctx->peer_dead[peer] = strdup(why ? why : "failed");
     snprintf(msg, sizeof(msg), "rank %d (world) failed: %s", peer, why ? why : "failed");
-    for (r = ctx->posted_head; r != NULL; r = next) {
-        next = r->next;
-        if (r->peer != peer) continue;
-        posted_unlink(ctx, r);
-        xccl_error_set(st, "%s", msg);
-        req_complete(ctx, r, st);
-        failed++;
+    /* receives posted for it, on every communicator it belongs to (destroyed ones have none;
+     * live ones are not freed by this, so the table does not change under the walk) */
+    for (size_t i = 0; i < ctx->comms.cap; i++) {
+        xccl_comm_t *c = ctx->comms.vals[i];
+        int          idx;
+        if (ctx->comms.keys[i] == 0 || c->destroyed || (idx = c->rank_of[peer]) < 0) continue;
+        for (r = c->posted[idx].head; r != NULL; r = next) {
+            next = r->next;
+            posted_unlink(ctx, r);
+            xccl_error_set(st, "%s", msg);
+            req_complete(ctx, r, st);
+            failed++;
+        }
     }
     /* unexpected messages still arriving from the peer will never complete */
     for (xccl_umsg_t *u = ctx->unexp_head; u != NULL; u = u->next) {
@@ -737,14 +1000,19 @@ static void up_peer_failed(void *core, int peer, xccl_status_t st, const char *w
     else XCCL_INFO("%s", msg);
 }
 
-static const xccl_tp_upcalls_t *ctx_upcalls(xccl_ctx_t *ctx)
+/* The upcall table of the transport initialised k-th (its slot until unused ones are
+ * dropped). */
+static const xccl_tp_upcalls_t *ctx_upcalls(xccl_ctx_t *ctx, int k)
 {
-    ctx->up.core        = ctx;
-    ctx->up.recv_match  = up_recv_match;
-    ctx->up.recv_done   = up_recv_done;
-    ctx->up.send_done   = up_send_done;
-    ctx->up.peer_failed = up_peer_failed;
-    return &ctx->up;
+    xccl_tp_upcalls_t *up = &ctx->tp_up[k];
+
+    ctx->tp_core[k]  = (tp_core_t){ctx, k};
+    up->core         = &ctx->tp_core[k];
+    up->recv_match   = up_recv_match;
+    up->recv_done    = up_recv_done;
+    up->send_done    = up_send_done;
+    up->peer_failed  = up_peer_failed;
+    return up;
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -754,22 +1022,37 @@ static const xccl_tp_upcalls_t *ctx_upcalls(xccl_ctx_t *ctx)
 xccl_status_t xccl_req_post_send(xccl_ctx_t *ctx, xccl_req_t *r)
 {
     xccl_msg_hdr_t hdr = {.comm_id = r->comm_id, .tag = r->tag, .fp = r->fp, .nbytes = r->nbytes};
-    xccl_tp_buf_t  buf = {.ptr = r->buf, .mem = XCCL_MEM_HOST, .mr = NULL};
+    xccl_tp_buf_t  buf = {.ptr = r->buf, .mem = r->mem, .mr = NULL};
     tp_slot_t     *tp;
+    int            slot;
     xccl_status_t  st;
 
     r->ctype  = COOKIE_REQ;
     r->status = XCCL_INPROGRESS;
     r->t0     = trace_now(r);
+    r->tp     = -1;
     if (r->peer == ctx->rank) {
-        /* self-send: deliver through the matching path, never through a transport */
-        xccl_tp_buf_t dst;
+        /* self-send: deliver through the matching path, never through a transport; a copy
+         * into or out of device memory runs on that memory type's executor (and is waited
+         * for here: a self-send has no transport request to complete later) */
+        xccl_tp_buf_t dst = {NULL, XCCL_MEM_HOST, NULL};
         void         *cookie = NULL;
-        st = up_recv_match(ctx, ctx->rank, &hdr, &dst, &cookie);
+        st = up_recv_match(&ctx->self_core, ctx->rank, &hdr, &dst, &cookie);
         if (st < 0) return st;
-        if (hdr.nbytes > 0 && dst.ptr != NULL) memcpy(dst.ptr, r->buf, hdr.nbytes);
+        if (hdr.nbytes > 0 && dst.ptr != NULL) {
+            xccl_mem_type_t        m  = dst.mem != XCCL_MEM_HOST ? dst.mem : r->mem;
+            const xccl_exec_ops_t *ex = xccl_exec_for(m);
+            void                  *ev = NULL;
+            if (ex == NULL)
+                return XCCL_ERROR(XCCL_ERR_NOT_SUPPORTED,
+                                  "send to self from %s memory: no executor for that memory "
+                                  "type in this process", xccl_mem_type_name(m));
+            st = ex->copy(dst.ptr, r->buf, hdr.nbytes, &ev);
+            while (st == XCCL_INPROGRESS) st = ex->test(ev);
+            if (st < 0) return st;
+        }
         r->state = REQ_POSTED;
-        up_recv_done(ctx, cookie, XCCL_OK);
+        up_recv_done(&ctx->self_core, cookie, XCCL_OK);
         req_complete(ctx, r, XCCL_OK);
         return XCCL_OK;
     }
@@ -777,28 +1060,61 @@ xccl_status_t xccl_req_post_send(xccl_ctx_t *ctx, xccl_req_t *r)
         return XCCL_ERROR(XCCL_ERR_REMOTE, "cannot send to rank %d: %s", r->peer,
                           ctx->peer_dead[r->peer]);
     }
-    tp       = &ctx->tp[ctx->peer_tp[r->peer]];
+    slot = r->mem < XCCL_MEM_TYPES ? ctx->peer_tp_mem[r->mem * ctx->size + r->peer] : -1;
+    if (slot < 0)
+        return XCCL_ERROR(XCCL_ERR_NOT_SUPPORTED,
+                          "cannot send %s memory to rank %d (world): no transport between "
+                          "these ranks moves that memory type",
+                          xccl_mem_type_name(r->mem), r->peer);
+    tp = &ctx->tp[slot];
+    if (tp->rcache != NULL && r->nbytes > 0)
+        XCCL_CHECK(xccl_rcache_get(tp->rcache, r->buf, r->nbytes, r->mem, &r->reg, &buf.mr));
+    r->tp    = slot;
     r->state = REQ_ACTIVE;
-    if (r->work) xccl_work_retain(r->work);
+    req_hold(r);
     st = tp->ops->isend(tp->ctx, r->peer, &hdr, &buf, r);
     if (st < 0) {
         r->state  = REQ_DONE;
         r->status = st;
-        if (r->work) xccl_work_release(r->work);
+        if (r->reg != NULL) {
+            xccl_rcache_put(tp->rcache, r->reg);
+            r->reg = NULL;
+        }
+        if (r->work) req_unhold(r);
     }
     return st;
 }
 
+/* The first unexpected message r can take: from its source's queue, or for an any-source
+ * receive the earliest arrival of its communicator with its tag. */
+static xccl_umsg_t *unexp_find(xccl_ctx_t *ctx, xccl_comm_t *c, const xccl_req_t *r)
+{
+    xccl_umsg_t *u;
+
+    if (r->peer != XCCL_ANY_SOURCE) {
+        int src = c->rank_of[r->peer];
+        for (u = src >= 0 ? c->unexp[src].head : NULL; u != NULL; u = u->pnext) {
+            ctx->match_probes++;
+            if (u->waiter == NULL && u->hdr.tag == r->tag) return u;
+        }
+        return NULL;
+    }
+    for (u = c->arrivals.head; u != NULL; u = u->anext) {
+        ctx->match_probes++;
+        if (u->waiter == NULL && u->hdr.tag == r->tag) return u;
+    }
+    return NULL;
+}
+
 xccl_status_t xccl_req_post_recv(xccl_ctx_t *ctx, xccl_req_t *r)
 {
+    xccl_comm_t *c = r->work->comm;
     xccl_umsg_t *u;
 
     r->ctype  = COOKIE_REQ;
     r->status = XCCL_INPROGRESS;
     r->t0     = trace_now(r);
-    for (u = ctx->unexp_head; u != NULL; u = u->next) {
-        if (u->waiter == NULL && req_matches(r, u->src, &u->hdr)) break;
-    }
+    u         = c->arrivals.head != NULL ? unexp_find(ctx, c, r) : NULL;
     if (u != NULL) {
         if (u->done) {
             r->state = REQ_POSTED;
@@ -815,10 +1131,7 @@ xccl_status_t xccl_req_post_recv(xccl_ctx_t *ctx, xccl_req_t *r)
                           ctx->peer_dead[r->peer]);
     }
     r->state = REQ_POSTED;
-    r->next  = NULL;
-    if (ctx->posted_tail) ctx->posted_tail->next = r;
-    else ctx->posted_head = r;
-    ctx->posted_tail = r;
+    posted_link(c, r);
     return XCCL_OK;
 }
 
@@ -836,10 +1149,11 @@ void xccl_req_cancel(xccl_ctx_t *ctx, xccl_req_t *r, xccl_status_t st, const cha
         r->status = st;
         return;
     }
-    /* a transport holds the buffer: drop that connection so it lets go now */
-    {
-        int        peer = r->kind == REQ_SEND ? r->peer : r->src;
-        tp_slot_t *tp   = &ctx->tp[ctx->peer_tp[peer]];
+    /* a transport holds the buffer: drop that connection so it lets go now (an executor's
+     * copy out of a staged message cannot be recalled: it completes the request when done) */
+    if (r->tp >= 0) {
+        int        peer = xccl_req_world_peer(r); /* a transport holds it: matched */
+        tp_slot_t *tp   = &ctx->tp[r->tp];
         if (tp->ops->close_peer != NULL) tp->ops->close_peer(tp->ctx, peer, why);
     }
 }
@@ -848,33 +1162,50 @@ void xccl_req_cancel(xccl_ctx_t *ctx, xccl_req_t *r, xccl_status_t st, const cha
 /* Progress                                                                                    */
 /* ------------------------------------------------------------------------------------------ */
 
+/* Every active collective is progressed, in posting order, and every Work past its deadline
+ * expired; a deadline check costs O(1) while nothing expires (ctx->dl is ordered). Progressing
+ * one Work can finish others (a transport flushes queued sends, a mismatch notice arrives),
+ * and an expiry's diagnosis may let other threads in: the walks are cursors that the unlink of
+ * a finished Work moves on (active_unlink in work.c), and the Work in hand is referenced. */
 int xccl_ctx_progress_locked(xccl_ctx_t *ctx)
 {
-    enum { SNAP = 64 };
-    xccl_work_t *snap[SNAP];
-    int          n = 0, events = 0;
-    int64_t      now;
+    xccl_cursor_t cur = {.w = ctx->coll_head, .dl = 0, .up = ctx->cursors};
+    xccl_work_t  *w;
+    int           events = 0;
+    int64_t       now;
 
     for (int i = 0; i < ctx->ntp; i++) {
         int k = 0;
         (void)ctx->tp[i].ops->progress(ctx->tp[i].ctx, &k);
         events += k;
     }
-    /* Progressing one Work can complete others (a transport flushes queued sends), so walk a
-     * snapshot of referenced Works rather than the live list. */
-    for (xccl_work_t *w = ctx->active_head; w != NULL && n < SNAP; w = w->next) {
+    if (ctx->copies != NULL) events += copies_progress(ctx);
+    ctx->cursors = &cur;
+    while ((w = cur.w) != NULL) {
+        cur.w = w->next;
         xccl_work_retain(w);
-        snap[n++] = w;
-    }
-    now = xccl_now_ms();
-    for (int i = 0; i < n; i++) {
-        xccl_work_t *w = snap[i];
-        if (w->active) xccl_work_progress_locked(w);
-        if (w->active && w->deadline_ms > 0 && now > w->deadline_ms) xccl_work_expire(w);
+        xccl_work_progress_locked(w);
         if (!w->active) events++;
         /* executor events cannot wake a transport's wait: keep the caller polling them */
         else if (w->kind == WORK_COLL && w->task.nev > 0) events++;
         xccl_work_release(w);
+    }
+    now = xccl_now_ms();
+    cur.w  = ctx->dl_head;
+    cur.dl = 1;
+    while ((w = cur.w) != NULL && now > w->deadline_ms) {
+        cur.w = w->dl_next;
+        if (w->expiring) continue; /* another walk is expiring it */
+        xccl_work_retain(w);
+        xccl_work_expire(w);
+        if (!w->active) events++;
+        xccl_work_release(w);
+    }
+    for (xccl_cursor_t **pp = &ctx->cursors; *pp != NULL; pp = &(*pp)->up) {
+        if (*pp == &cur) { /* not always the top: an expiry may have let another pass in */
+            *pp = cur.up;
+            break;
+        }
     }
     return events;
 }

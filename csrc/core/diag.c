@@ -20,8 +20,10 @@
  * Cost: nothing while no operation times out (no state, no messages). A timeout adds at most
  *   the collection time, min(1 s, timeout / 4) but at least 100 ms (XCCL_DIAG_WAIT_MS
  *   overrides; 0 turns the table off), usually much less: it ends when every member answered
- *   or is known dead. The context lock is held throughout (the asker pumps the transports
- *   itself), so other threads of the process wait that long.
+ *   or is known dead. The asker pumps the transports under the context lock and sleeps
+ *   without it, so the process's other threads go on meanwhile: they may deliver the answers,
+ *   finish the operation that timed out, or destroy its communicator (the table holds a
+ *   reference on it).
  *
  * Thread-safety: everything here runs under the context lock. The table of open collections
  *   is process-wide (several contexts may live in one process: xccl.launch threads mode) and
@@ -111,8 +113,7 @@ size_t xccl_diag_row(const xccl_comm_t *comm, char *buf, size_t len)
 
     if (len == 0) return 0;
     buf[0] = '\0';
-    for (const xccl_work_t *w = ctx->active_head; w != NULL; w = w->next) {
-        if (w->comm != comm) continue;
+    for (const xccl_work_t *w = comm->works_head; w != NULL; w = w->cm_next) {
         if (n++ == DIAG_WORKS_MAX) continue;
         if (n > 1) put(buf, len, &off, "; ");
         put_work(buf, len, &off, w, now);
@@ -133,7 +134,7 @@ size_t xccl_diag_row(const xccl_comm_t *comm, char *buf, size_t len)
             put(buf, len, &off, " (failed: %s)", xccl_status_string(f->status) + 5);
     }
     /* idle here, but maybe stuck on another communicator */
-    for (const xccl_work_t *w = ctx->active_head; w != NULL && !other; w = w->next) {
+    for (const xccl_work_t *w = ctx->dl_head; w != NULL && !other; w = w->dl_next) {
         if (w->comm == comm) continue;
         put(buf, len, &off, "; busy on comm '%s': ", w->comm->name);
         put_work(buf, len, &off, w, now);
@@ -147,9 +148,10 @@ static int send_ctrl(xccl_ctx_t *ctx, uint64_t comm_id, int world_peer, uint64_t
                      const char *text)
 {
     size_t      n = text ? strlen(text) + 1 : 0;
-    xccl_req_t *r = calloc(1, sizeof(*r) + n);
+    xccl_req_t *r = n ? calloc(1, sizeof(*r) + n) : xccl_req_get(ctx);
 
     if (r == NULL) return -1;
+    r->text    = n > 0;
     r->kind    = REQ_SEND;
     r->peer    = world_peer;
     r->comm_id = comm_id;
@@ -158,7 +160,7 @@ static int send_ctrl(xccl_ctx_t *ctx, uint64_t comm_id, int world_peer, uint64_t
     r->nbytes  = n;
     if (n) memcpy(r->buf, text, n);
     if (ctx->peer_dead[world_peer] != NULL || xccl_req_post_send(ctx, r) < 0) {
-        free(r);
+        xccl_req_put(ctx, r);
         return -1;
     }
     return 0;
@@ -173,6 +175,7 @@ int xccl_diag_ctrl_arrived(xccl_ctx_t *ctx, xccl_umsg_t *u)
     if (u->hdr.tag & TAG_CTRL_DIAG) {
         char row[DIAG_ROW_MAX];
         if (comm == NULL) snprintf(row, sizeof(row), "has not created this communicator yet");
+        else if (comm->destroyed) snprintf(row, sizeof(row), "has destroyed this communicator");
         else (void)xccl_diag_row(comm, row, sizeof(row));
         (void)send_ctrl(ctx, u->hdr.comm_id, u->src, tag_ctrl(qid) | TAG_CTRL_DIAG_REPLY, row);
         return 1;
@@ -245,7 +248,8 @@ static void put_rows(char *buf, size_t len, size_t *off, const diag_wait_t *d,
     }
 }
 
-/* Pumps the transports (lock held) until every member answered or is dead, or wait_ms. */
+/* Pumps the transports until every member answered or is dead, or wait_ms. Lock held, but
+ * released while sleeping. */
 static void collect(diag_wait_t *d, uint8_t *dead, int64_t wait_ms)
 {
     xccl_ctx_t  *ctx      = d->ctx;
@@ -266,9 +270,11 @@ static void collect(diag_wait_t *d, uint8_t *dead, int64_t wait_ms)
             (void)ctx->tp[i].ops->progress(ctx->tp[i].ctx, &k);
             events += k;
         }
-        /* transports do not take the context lock: sleeping in them while holding it is safe,
-         * and only this thread's own answers are due meanwhile */
-        if (events == 0) xccl_ctx_sleep(ctx, 1);
+        if (events == 0) {
+            pthread_mutex_unlock(&ctx->lock);
+            xccl_ctx_sleep(ctx, 1);
+            pthread_mutex_lock(&ctx->lock);
+        }
     }
 }
 
@@ -295,6 +301,7 @@ static size_t table(xccl_comm_t *comm, int64_t wait_ms, int use_cache, char *buf
     d.rows = calloc((size_t)comm->size, sizeof(char *));
     dead   = calloc((size_t)comm->size, 1);
     if (d.rows == NULL || dead == NULL) goto out;
+    xccl_comm_ref(comm); /* the lock is let go while collecting */
     (void)xccl_diag_row(comm, row, sizeof(row));
     d.rows[comm->rank] = strdup(row);
     d.qid              = atomic_fetch_add(&next_qid, 1) & TAG_SEQ_MASK;
@@ -328,10 +335,11 @@ static size_t table(xccl_comm_t *comm, int64_t wait_ms, int use_cache, char *buf
     cache.comm_id = comm->id;
     cache.t_ms    = xccl_now_ms();
     pthread_mutex_unlock(&reg_lock);
-out:
     if (d.rows != NULL) {
         for (int r = 0; r < comm->size; r++) free(d.rows[r]);
     }
+    xccl_comm_unref(comm); /* comm may be gone now */
+out:
     free(d.rows);
     free(dead);
     return off;

@@ -173,9 +173,8 @@ size_t xccl_comm_flight_dump(xccl_comm_t *comm, char *buf, size_t len)
             f->status == XCCL_OK ? "done" : xccl_status_string(f->status) + 5,
             (double)(now - f->t_enq) / 1e6);
     }
-    for (xccl_work_t *w = comm->ctx->active_head; w != NULL; w = w->next) {
+    for (xccl_work_t *w = comm->works_head; w != NULL; w = w->cm_next) {
         xccl_req_t *list = w->kind == WORK_P2P ? w->req : w->task.reqs;
-        if (w->comm != comm) continue;
         OUT("%6llu  %-16s %-14s %-10s %10.1f  ", (unsigned long long)w->seq, w->name,
             xccl_work_algo(w), "pending", (double)(now - w->t_enq) / 1e6);
         for (xccl_req_t *r = list; r != NULL; r = w->kind == WORK_P2P ? NULL : r->wnext) {

@@ -37,11 +37,11 @@ xccl_work_t *xccl_work_new(xccl_comm_t *comm, work_kind_t kind, const char *name
 
 void xccl_work_retain(xccl_work_t *w) { atomic_fetch_add(&w->refcount, 1); }
 
+/* Requests a failed collective left behind; the context may be gone, so not into its pool. */
 static void free_reqs(xccl_req_t *r)
 {
     while (r != NULL) {
         xccl_req_t *n = r->wnext;
-        free(r->trash);
         free(r);
         r = n;
     }
@@ -52,7 +52,6 @@ void xccl_work_release(xccl_work_t *w)
     if (w == NULL || atomic_fetch_sub(&w->refcount, 1) != 1) return;
     if (w->kind == WORK_COLL) xccl_coll_free(w);
     free_reqs(w->task.reqs);
-    free(w->req);
     free(w->vcounts);
     free(w->errmsg);
     free(w);
@@ -70,36 +69,78 @@ static void count_async(xccl_ctx_t *ctx, xccl_work_t *w, int urgent)
     if (urgent && ctx->nwaiters == 0) pthread_cond_signal(&ctx->cond);
 }
 
-void xccl_work_activate(xccl_work_t *w, int blocking)
+/* Inserts w into ctx->dl, ordered by deadline (ties in posting order). Works of one timeout
+ * arrive in deadline order, so the walk back from the tail is usually one step. */
+static void dl_insert(xccl_ctx_t *ctx, xccl_work_t *w)
 {
-    xccl_ctx_t *ctx = w->comm->ctx;
+    xccl_work_t *p = ctx->dl_tail;
 
-    if (!blocking) count_async(ctx, w, 0);
-    /* one clock read serves the enqueue time and the deadline (a clock read costs ~25 ns in
-     * a VM, a few percent of a small operation) */
-    w->t_enq       = xccl_now_ns();
-    w->active      = 1;
-    w->deadline_ms = (int64_t)(w->t_enq / 1000000u) + w->timeout_ms;
-    w->next        = NULL;
-    xccl_work_retain(w);
-    if (ctx->active_tail) ctx->active_tail->next = w;
-    else ctx->active_head = w;
-    ctx->active_tail = w;
+    while (p != NULL && p->deadline_ms > w->deadline_ms) p = p->dl_prev;
+    w->dl_prev = p;
+    w->dl_next = p != NULL ? p->dl_next : ctx->dl_head;
+    if (w->dl_next != NULL) w->dl_next->dl_prev = w;
+    else ctx->dl_tail = w;
+    if (p != NULL) p->dl_next = w;
+    else ctx->dl_head = w;
 }
 
+void xccl_work_activate(xccl_work_t *w, int blocking)
+{
+    xccl_comm_t *comm = w->comm;
+    xccl_ctx_t  *ctx  = comm->ctx;
+
+    if (!blocking) count_async(ctx, w, 0);
+    /* one clock read serves the enqueue time and the deadline */
+    w->t_enq       = xccl_now_ns();
+    w->active      = 1;
+    w->deadline_ms = w->timeout_ms > 0 ? (int64_t)(w->t_enq / 1000000u) + w->timeout_ms
+                                       : INT64_MAX;
+    xccl_work_retain(w);
+    xccl_comm_ref(comm);
+    if (w->kind == WORK_COLL) {
+        w->next = NULL;
+        w->prev = ctx->coll_tail;
+        if (ctx->coll_tail) ctx->coll_tail->next = w;
+        else ctx->coll_head = w;
+        ctx->coll_tail = w;
+        /* out of memory only costs the early fingerprint check of this operation */
+        (void)xccl_u64map_put(&comm->colls, w->seq + 1, w);
+    }
+    w->cm_next = NULL;
+    w->cm_prev = comm->works_tail;
+    if (comm->works_tail) comm->works_tail->cm_next = w;
+    else comm->works_head = w;
+    comm->works_tail = w;
+    dl_insert(ctx, w);
+}
+
+/* Takes w off the lists of active Works, moving on any walk that stood on it. */
 static void active_unlink(xccl_ctx_t *ctx, xccl_work_t *w)
 {
-    xccl_work_t **pp   = &ctx->active_head;
-    xccl_work_t  *prev = NULL;
+    xccl_comm_t *comm = w->comm;
 
-    while (*pp != NULL && *pp != w) {
-        prev = *pp;
-        pp   = &(*pp)->next;
+    for (xccl_cursor_t *c = ctx->cursors; c != NULL; c = c->up) {
+        if (c->w == w) c->w = c->dl ? w->dl_next : w->next;
     }
-    if (*pp == NULL) return;
-    *pp = w->next;
-    if (ctx->active_tail == w) ctx->active_tail = prev;
-    w->next = NULL;
+    if (w->kind == WORK_COLL) {
+        if (w->prev) w->prev->next = w->next;
+        else ctx->coll_head = w->next;
+        if (w->next) w->next->prev = w->prev;
+        else ctx->coll_tail = w->prev;
+        w->next = w->prev = NULL;
+        if (xccl_u64map_get(&comm->colls, w->seq + 1) == w)
+            (void)xccl_u64map_del(&comm->colls, w->seq + 1);
+    }
+    if (w->cm_prev) w->cm_prev->cm_next = w->cm_next;
+    else comm->works_head = w->cm_next;
+    if (w->cm_next) w->cm_next->cm_prev = w->cm_prev;
+    else comm->works_tail = w->cm_prev;
+    w->cm_next = w->cm_prev = NULL;
+    if (w->dl_prev) w->dl_prev->dl_next = w->dl_next;
+    else ctx->dl_head = w->dl_next;
+    if (w->dl_next) w->dl_next->dl_prev = w->dl_prev;
+    else ctx->dl_tail = w->dl_prev;
+    w->dl_next = w->dl_prev = NULL;
 }
 
 void xccl_work_finish(xccl_work_t *w, xccl_status_t st, const char *msg)
@@ -136,12 +177,13 @@ void xccl_work_finish(xccl_work_t *w, xccl_status_t st, const char *msg)
     /* only a callback needs the thread (a waiter runs callbacks itself); waking it for every
      * finished operation costs a context switch per call on small machines */
     if (w->cb != NULL && ctx->nwaiters == 0) pthread_cond_signal(&ctx->cond);
+    xccl_comm_unref(w->comm); /* the Work no longer reads w->comm */
 }
 
 /* The message of a failed request: the transport's reason for its peer when there is one. */
 static const char *req_error(xccl_ctx_t *ctx, const xccl_req_t *r, char *buf, size_t len)
 {
-    int         world = r->kind == REQ_SEND ? r->peer : (r->peer >= 0 ? r->peer : r->src);
+    int         world = xccl_req_world_peer(r);
     const char *why   = world >= 0 && world < ctx->size ? ctx->peer_dead[world] : NULL;
     const char *last  = xccl_last_error();
 
@@ -204,6 +246,7 @@ void xccl_work_expire(xccl_work_t *w)
     int         shown = 0;
     xccl_req_t *list  = w->kind == WORK_P2P ? w->req : w->task.reqs;
 
+    w->expiring = 1;
     off += (size_t)snprintf(msg + off, sizeof(msg) - off,
                             "%s (algo %s, seq %llu) on comm '%s' timed out after %.1f s on rank %d",
                             w->name, w->kind == WORK_P2P ? "p2p" : w->task.algo->name,
@@ -211,11 +254,10 @@ void xccl_work_expire(xccl_work_t *w)
                             (double)w->timeout_ms / 1000.0, w->comm->rank);
     for (xccl_req_t *r = list; r != NULL && off < sizeof(msg) - 80;
          r = w->kind == WORK_P2P ? NULL : r->wnext) {
-        int peer;
+        int world, peer;
         if (r->state == REQ_DONE) continue;
-        peer = r->peer == XCCL_ANY_SOURCE
-                   ? -1
-                   : xccl_comm_rank_of_world(w->comm, r->kind == REQ_SEND ? r->peer : r->peer);
+        world = xccl_req_world_peer(r);
+        peer  = world < 0 ? -1 : xccl_comm_rank_of_world(w->comm, world);
         if (shown++ == 0) off += (size_t)snprintf(msg + off, sizeof(msg) - off, ": waiting for");
         if (peer < 0)
             off += (size_t)snprintf(msg + off, sizeof(msg) - off, "%s a message from any rank",
@@ -234,7 +276,9 @@ void xccl_work_expire(xccl_work_t *w)
                                 shown ? ";" : ":", w->task.nev, w->task.exec->name,
                                 w->task.nheld);
     if (off >= sizeof(msg)) off = sizeof(msg) - 1;
-    /* diag.c: where every member is; may take a moment, during which w may fail otherwise */
+    /* diag.c: where every member is. It lets the lock go while it waits for answers, so w may
+     * finish otherwise meanwhile (its caller holds a reference; `expiring` keeps other
+     * progress passes from expiring it too) */
     off += xccl_diag_table(w->comm, xccl_diag_wait_ms(w->timeout_ms), msg + off, sizeof(msg) - off);
     if (!w->active) return;
     (void)xccl_error_report(XCCL_ERR_TIMEOUT, __FILE__, __LINE__, "%s", msg);
@@ -375,10 +419,10 @@ xccl_status_t xccl_work_wait_us(xccl_work_t *w, int64_t slice_us)
     ctx->nwaiters--;
     /* the last waiter hands progress back to the thread (if it has async work) or lets a
      * closing context go on. Not after a short slice that ends with its own Work unfinished:
-     * such a caller waits again at once (the Python layer's GIL spin, 20 us, then the wait
-     * without the GIL), and waking the thread in between cost a 1 MiB tcp broadcast on 2
-     * vCPUs 2-3 thread wake-ups per call, paid by the sender's CPU; should it not come back,
-     * the thread takes the Work over at its next tick (2 ms), as count_async says. */
+     * such a caller waits again at once (the Python layer's short spin with the GIL, then the
+     * wait without it), and waking the thread in between would cost thread wake-ups on every
+     * call; should it not come back, the thread takes the Work over at its next tick (2 ms),
+     * as count_async says. */
     {
         int short_slice = slice_us >= 0 && slice_us < 1000;
         int hand_over =

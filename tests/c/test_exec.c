@@ -7,6 +7,12 @@
  * prologue and epilogue (in-place copies, PREMUL_SUM scaling, AVG division). Also: a memory
  * type without an executor fails before any byte moves, and a failing executor fails the
  * operation with its error.
+ *
+ * The built-in transports move host memory only, and the core refuses to hand them anything
+ * else. The ranks therefore talk through "devtcp", a transport registered at run time that
+ * declares XCCL_TP_CAP_CUDA_MEM and wraps tcp: the fake device memory is host memory, so it
+ * hands tcp every buffer as host memory, in both directions, and counts the device buffers it
+ * saw (which proves that the core chose the transport by memory type and passed the type on).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +25,138 @@
 #include "ctest.h"
 #include "fake_dev.h"
 #include "xccl/xccl.h"
+#include "xccl/xccl_transport.h"
+
+/* ---- devtcp: tcp that accepts the fake device memory ------------------------------------- */
+
+struct xccl_tp_ctx {
+    const xccl_transport_ops_t *inner;
+    xccl_tp_ctx_t              *ictx;
+    const xccl_tp_upcalls_t    *up; /* the core's upcalls                                 */
+    xccl_tp_upcalls_t           mine; /* given to tcp: they rewrite the memory type          */
+};
+
+static struct {
+    uint64_t dev_sends, dev_recvs;
+} devtcp;
+
+static xccl_status_t d_recv_match(void *core, int peer, const xccl_msg_hdr_t *hdr,
+                                  xccl_tp_buf_t *dst, void **cookie)
+{
+    xccl_tp_ctx_t *c  = core;
+    xccl_status_t  st = c->up->recv_match(c->up->core, peer, hdr, dst, cookie);
+
+    if (st == XCCL_OK && dst->mem == XCCL_MEM_CUDA) {
+        devtcp.dev_recvs++;
+        dst->mem = XCCL_MEM_HOST;
+    }
+    return st;
+}
+
+static void d_recv_done(void *core, void *cookie, xccl_status_t st)
+{
+    xccl_tp_ctx_t *c = core;
+    c->up->recv_done(c->up->core, cookie, st);
+}
+
+static void d_send_done(void *core, void *cookie, xccl_status_t st)
+{
+    xccl_tp_ctx_t *c = core;
+    c->up->send_done(c->up->core, cookie, st);
+}
+
+static void d_peer_failed(void *core, int peer, xccl_status_t st, const char *why)
+{
+    xccl_tp_ctx_t *c = core;
+    c->up->peer_failed(c->up->core, peer, st, why);
+}
+
+static xccl_status_t d_init(const xccl_tp_init_params_t *params, xccl_tp_ctx_t **out)
+{
+    xccl_tp_ctx_t        *c = calloc(1, sizeof(*c));
+    xccl_tp_init_params_t p = *params;
+    xccl_status_t         st;
+
+    if (c == NULL) return XCCL_ERR_NO_MEMORY;
+    c->inner = xccl_transport_find("tcp");
+    c->up    = params->up;
+    c->mine  = (xccl_tp_upcalls_t){.core        = c,
+                                   .recv_match  = d_recv_match,
+                                   .recv_done   = d_recv_done,
+                                   .send_done   = d_send_done,
+                                   .peer_failed = d_peer_failed};
+    p.up     = &c->mine;
+    st       = c->inner != NULL ? c->inner->init(&p, &c->ictx) : XCCL_ERR_NOT_SUPPORTED;
+    if (st < 0) {
+        free(c);
+        return st;
+    }
+    *out = c;
+    return XCCL_OK;
+}
+
+static void d_finalize(xccl_tp_ctx_t *c)
+{
+    c->inner->finalize(c->ictx);
+    free(c);
+}
+
+static int d_reachable(const xccl_tp_ctx_t *c, int peer)
+{
+    return c->inner->reachable(c->ictx, peer);
+}
+
+static xccl_status_t d_get_addr(xccl_tp_ctx_t *c, void *addr, size_t *len)
+{
+    return c->inner->get_addr(c->ictx, addr, len);
+}
+
+static xccl_status_t d_wireup(xccl_tp_ctx_t *c, const void *const *addrs, const size_t *lens,
+                              const uint8_t *use, int64_t timeout_ms)
+{
+    return c->inner->wireup(c->ictx, addrs, lens, use, timeout_ms);
+}
+
+static xccl_status_t d_isend(xccl_tp_ctx_t *c, int peer, const xccl_msg_hdr_t *hdr,
+                             const xccl_tp_buf_t *buf, void *cookie)
+{
+    xccl_tp_buf_t host = *buf;
+
+    if (buf->mem == XCCL_MEM_CUDA) devtcp.dev_sends++;
+    host.mem = XCCL_MEM_HOST;
+    return c->inner->isend(c->ictx, peer, hdr, &host, cookie);
+}
+
+static xccl_status_t d_progress(xccl_tp_ctx_t *c, int *nevents)
+{
+    return c->inner->progress(c->ictx, nevents);
+}
+
+static void d_wait(xccl_tp_ctx_t *c, int timeout_ms) { c->inner->wait(c->ictx, timeout_ms); }
+static void d_wake(xccl_tp_ctx_t *c) { c->inner->wake(c->ictx); }
+static void d_close_peer(xccl_tp_ctx_t *c, int peer, const char *why)
+{
+    c->inner->close_peer(c->ictx, peer, why);
+}
+
+static const xccl_transport_ops_t devtcp_ops = {
+    .abi_version = XCCL_TRANSPORT_ABI_VERSION,
+    .name        = "devtcp",
+    .caps        = XCCL_TP_CAP_HOST_MEM | XCCL_TP_CAP_CUDA_MEM,
+    .priority    = 1,
+    .init        = d_init,
+    .finalize    = d_finalize,
+    .reachable   = d_reachable,
+    .get_addr    = d_get_addr,
+    .wireup      = d_wireup,
+    .isend       = d_isend,
+    .progress    = d_progress,
+    .wait        = d_wait,
+    .wake        = d_wake,
+    .close_peer  = d_close_peer,
+};
+
+/* ---- ranks ---------------------------------------------------------------------------------- */
 
 static char store_path[256];
 
@@ -34,6 +172,7 @@ static xccl_comm_t *comm_new(int rank, int size)
     cfg.store      = store;
     cfg.timeout_ms = 20000;
     cfg.name       = "exec";
+    cfg.transports = "devtcp";
     if (xccl_comm_create(&cfg, &comm) != XCCL_OK)
         fprintf(stderr, "rank %d: comm create: %s\n", rank, xccl_last_error());
     xccl_store_release(store);
@@ -246,6 +385,10 @@ static int child(int rank, int size)
     test_no_executor(c);
     if (size == 1) test_exec_error(c);
     CHECK_MSG(fdev.queued > 0 && fdev.live == 0, "queued %zu, live %zu", fdev.queued, fdev.live);
+    /* with peers, device buffers went to the transport as device memory both ways */
+    CHECK_MSG(size == 1 || (devtcp.dev_sends > 0 && devtcp.dev_recvs > 0),
+              "device sends %llu, receives %llu", (unsigned long long)devtcp.dev_sends,
+              (unsigned long long)devtcp.dev_recvs);
     xccl_comm_destroy(c);
     return ctest_failures != 0;
 }
@@ -255,6 +398,10 @@ int main(void)
     static const int sizes[] = {1, 2, 3, 4};
     int              failed  = 0;
 
+    if (xccl_transport_register(&devtcp_ops) != XCCL_OK) {
+        fprintf(stderr, "registering devtcp: %s\n", xccl_last_error());
+        return 1;
+    }
     for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
         int   size = sizes[k];
         pid_t pids[8];

@@ -623,6 +623,15 @@ static void job_defer(int rank)
     teardown();
 }
 
+/* The core drops payloads (see drop_check): over CMA, INLINE and STREAM records. */
+static void job_drop(int rank)
+{
+    setup(rank);
+    CHECK(wire(NULL, 5000) == XCCL_OK);
+    drop_check(rank, &S->flag[FL_DONE]);
+    teardown();
+}
+
 /* The core refuses a message: the transport fails that peer with the core's status, and the
  * sender learns it was dropped. */
 static void job_refuse(int rank)
@@ -930,6 +939,7 @@ int main(void)
         run_job("sleepy", 2, cma, job_sleepy, 60, -1);
         run_job("close_peer", 2, cma, job_close_peer, 30, -1);
         run_job("defer", 2, cma, job_defer, 30, -1);
+        run_job("drop", 2, cma, job_drop, 30, -1);
         run_job("kill", 3, cma, job_kill, 30, 1);
     }
     run_job("wrap", 2, 0, job_wrap, 60, -1);

@@ -440,6 +440,15 @@ static void job_defer(int rank)
     teardown();
 }
 
+/* The core drops payloads (see drop_check): read through the staging buffer. */
+static void job_drop(int rank)
+{
+    setup(rank);
+    CHECK(wire(NULL, 5000) == XCCL_OK);
+    drop_check(rank, &S->flag[FL_DONE]);
+    teardown();
+}
+
 /* Rank 1 dies in the middle of two large transfers (one each way); ranks 0 and 2 go on. */
 static void job_peer_exit(int rank)
 {
@@ -878,6 +887,7 @@ int main(void)
     run_job("ring_use", 4, 4, NULL, job_ring_use, 60);
     run_job("refuse", 2, 2, NULL, job_refuse, 30);
     run_job("defer", 2, 2, NULL, job_defer, 30);
+    run_job("drop", 2, 2, NULL, job_drop, 30);
     run_job("peer_exit", 3, 3, NULL, job_peer_exit, 30);
     run_job("rogue", 3, 2, "s3cret key", job_rogue, 30);
     run_job("missing", 3, 3, NULL, job_missing, 30);

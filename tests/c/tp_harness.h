@@ -84,6 +84,7 @@ typedef struct rmsg {
     int            done;
     xccl_status_t  st;
     int            intact; /* verify mode: payload matched the generator (seed = hdr.fp) */
+    int            dropped; /* recv_match gave no destination: the transport drops it */
 } rmsg_t;
 
 static int NRANKS; /* transport ranks of the running job */
@@ -96,6 +97,7 @@ static struct fake {
     size_t        posted_cap[MAXR];
     int           verify_free; /* check the payload at recv_done, then free it */
     uint64_t      refuse_tag;  /* recv_match refuses this tag (0: none) */
+    uint64_t      drop_tags;   /* recv_match gives no destination to tags with this bit set */
     uint64_t      defer_tag;   /* recv_match holds this tag back ... */
     int           defer_left;  /* ... for this many more offers (XCCL_INPROGRESS) */
     int           nsend_ok, nsend_err, nrecv_ok, nrecv_err;
@@ -124,7 +126,9 @@ static inline xccl_status_t fake_recv_match(void *core, int peer, const xccl_msg
     m       = calloc(1, sizeof(*m));
     m->peer = peer;
     m->hdr  = *hdr;
-    if (F.recv_base != NULL) {
+    if (hdr->tag < 64 && (F.drop_tags >> hdr->tag & 1)) {
+        m->dropped = 1; /* ptr stays NULL */
+    } else if (F.recv_base != NULL) {
         m->ptr = F.recv_base + hdr->fp;
     } else if (F.posted[peer] != NULL && F.posted_cap[peer] >= hdr->nbytes) {
         m->ptr         = F.posted[peer];
@@ -154,7 +158,9 @@ static inline void fake_recv_done(void *core, void *cookie, xccl_status_t st)
     m->st   = st;
     if (st == XCCL_OK) F.nrecv_ok++;
     else F.nrecv_err++;
-    if (F.verify_free && st == XCCL_OK) {
+    if (F.verify_free && st == XCCL_OK && m->dropped) {
+        m->intact = 1;
+    } else if (F.verify_free && st == XCCL_OK) {
         m->intact = verify(m->ptr, m->hdr.nbytes, m->hdr.fp);
         if (m->owned) free(m->ptr);
         m->ptr = NULL;
@@ -373,6 +379,51 @@ static inline void defer_check(int rank, atomic_int *done)
         CHECK(st[0] == XCCL_OK && st[1] == XCCL_OK);
         CHECK(wait_flag(done, 1, 10000));
         free(big);
+    }
+}
+
+/* The core drops payloads (recv_match answers no destination): a large one (pulled over CMA
+ * where the pair uses it, else streamed), an INLINE one and a STREAM one, each followed by one
+ * that is kept. The dropped ones complete (recv_done OK), the kept ones arrive intact and in
+ * order, the sender's sends all succeed and the receiver fails nobody. Rank 1 sends, rank 0
+ * receives. */
+static inline void drop_check(int rank, atomic_int *done)
+{
+    enum { N = 6 };
+    static const size_t sizes[N] = {300000, 64, 16, 8, 5000, 100};
+
+    if (rank == 0) {
+        size_t n      = N;
+        F.verify_free = 1;
+        F.drop_tags   = (1u << 1) | (1u << 3) | (1u << 5); /* tags 1, 3, 5 */
+        CHECK(drive(have_msgs, &n, 10000));
+        CHECK(F.nmsgs == N && F.nrecv_ok == N && F.nrecv_err == 0 && !F.failed[1]);
+        for (size_t i = 0; i < F.nmsgs && i < N; i++) {
+            rmsg_t *m = F.msgs[i];
+            CHECK_MSG(m->hdr.tag == i + 1 && m->intact && m->dropped == (int)(i % 2 == 0),
+                      "message %zu: tag %llu intact %d dropped %d", i,
+                      (unsigned long long)m->hdr.tag, m->intact, m->dropped);
+        }
+        atomic_store(done, 1);
+    } else {
+        char         *bufs[N];
+        xccl_status_t st[N];
+        sends_t       s = {st, N};
+        for (int i = 0; i < N; i++) {
+            xccl_msg_hdr_t h = {.tag = (uint64_t)i + 1, .fp = 500 + (uint64_t)i, .nbytes = sizes[i]};
+            xccl_tp_buf_t  b;
+            bufs[i] = malloc(sizes[i]);
+            fill(bufs[i], sizes[i], h.fp);
+            b     = (xccl_tp_buf_t){bufs[i], XCCL_MEM_HOST, NULL};
+            st[i] = XCCL_INPROGRESS;
+            CHECK(TP->isend(CTX, 0, &h, &b, &st[i]) == XCCL_OK);
+        }
+        CHECK(drive(sends_done, &s, 10000));
+        for (int i = 0; i < N; i++) {
+            CHECK(st[i] == XCCL_OK);
+            free(bufs[i]);
+        }
+        CHECK(wait_flag(done, 1, 10000));
     }
 }
 
