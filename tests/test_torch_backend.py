@@ -396,6 +396,18 @@ def _engine_resources():
     return threads, sockets, len(shm)
 
 
+def _progress_threads():
+    """The calling process's xccl progress threads (the engine names them)."""
+    n = 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                n += f.read().strip() == "xccl-progress"
+        except OSError:  # the thread ended since the listing
+            pass
+    return n
+
+
 def _member_groups(dist, size):
     """Creates groups (every process calls new_group alike) so that this process is a member
     of 21 torch groups, the default one and a 2-D DeviceMesh's two included; returns them."""
@@ -440,8 +452,9 @@ def body_one_context(rank, size, path):
         assert torch.equal(y, want), (k, ranks)
     after = _engine_resources()
     # the 20 groups made after the default one opened no connection, mapped no segment and
-    # started no thread
+    # started no thread; the one progress thread is the context's
     assert after == before, (before, after)
+    assert _progress_threads() == 1, _progress_threads()
     # shutting the default group down first leaves the others working
     sub = groups[1][0]
     dist.group.WORLD.shutdown()

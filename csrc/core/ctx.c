@@ -1277,6 +1277,8 @@ static void *progress_thread_main(void *arg)
 {
     xccl_ctx_t *ctx = arg;
 
+    /* named, so that tools (top -H, /proc/<pid>/task/<tid>/comm, tests) can tell it apart */
+    (void)pthread_setname_np(pthread_self(), "xccl-progress");
     pthread_mutex_lock(&ctx->lock);
     while (!ctx->stopping) {
         if (ctx->nasync == 0 || ctx->nwaiters > 0) {
