@@ -7,6 +7,9 @@
 #define XCCL_TESTS_CTEST_H
 
 #include <stdio.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 static int ctest_failures;
 static int ctest_checks;
@@ -36,5 +39,36 @@ static int ctest_checks;
         printf("%s: %d checks, %d failed\n", (name), ctest_checks, ctest_failures);      \
         return ctest_failures != 0;                                                      \
     } while (0)
+
+/* Runs child(rank, size, arg) in `size` forked processes (at most 64) and waits for them all;
+ * each one that does not exit with status 0 is reported, labelled `what`, and counted.
+ * Returns the number of ranks that failed. */
+static inline int ctest_fork_ranks(const char *what, int size, int (*child)(int, int, void *),
+                                   void *arg)
+{
+    pid_t pids[64];
+    int   failed = 0;
+
+    if (size < 1 || size > 64) return size;
+    fflush(NULL);
+    for (int r = 0; r < size; r++) {
+        pids[r] = fork();
+        if (pids[r] == 0) _exit(child(r, size, arg));
+        if (pids[r] < 0) {
+            perror("fork");
+            failed++;
+        }
+    }
+    for (int r = 0; r < size; r++) {
+        int status = 0;
+        if (pids[r] < 0) continue;
+        waitpid(pids[r], &status, 0);
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+            fprintf(stderr, "%s: rank %d of %d failed (status 0x%x)\n", what, r, size, status);
+            failed++;
+        }
+    }
+    return failed;
+}
 
 #endif /* XCCL_TESTS_CTEST_H */

@@ -57,8 +57,9 @@ static xccl_status_t run(xccl_status_t st, xccl_work_t **wp, char *err, size_t l
     return st;
 }
 
-static int child(int rank, int size)
+static int child(int rank, int size, void *unused)
 {
+    (void)unused;
     xccl_comm_t     *c = make_comm(rank, size);
     float            x[16];
     char             err[4096];
@@ -122,22 +123,10 @@ int main(void)
     int                      failed       = 0;
 
     for (size_t t = 0; t < sizeof(transports) / sizeof(transports[0]); t++) {
-        pid_t pids[SIZE];
         setenv("XCCL_TRANSPORTS", transports[t], 1);
         snprintf(store_path, sizeof(store_path), "/tmp/xccl-test-diag-%d-%zu", (int)getpid(), t);
         unlink(store_path);
-        for (int r = 0; r < SIZE; r++) {
-            pids[r] = fork();
-            if (pids[r] == 0) _exit(child(r, SIZE));
-        }
-        for (int r = 0; r < SIZE; r++) {
-            int status = 0;
-            waitpid(pids[r], &status, 0);
-            if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-                fprintf(stderr, "%s: rank %d failed (status %d)\n", transports[t], r, status);
-                failed++;
-            }
-        }
+        failed += ctest_fork_ranks(transports[t], SIZE, child, NULL);
         unlink(store_path);
     }
     ctest_checks++;

@@ -498,8 +498,11 @@ static uint8_t pattern(size_t i, int salt)
     return (uint8_t)(i * 131 + (i >> 9) + (size_t)salt);
 }
 
-static int child_small(int rank, const char *tp)
+static int child_small(int rank, int size, void *arg)
 {
+    const char *tp = arg;
+
+    (void)size;
     xccl_comm_t *c = make_comm_tp(rank, 2, tp);
     xccl_work_t *w1, *w2;
 
@@ -582,8 +585,9 @@ static void *pong_main(void *arg)
     return NULL;
 }
 
-static int child_diag(int rank)
+static int child_diag(int rank, int size, void *unused)
 {
+    (void)size, (void)unused;
     xccl_comm_t *c, *s;
     int          all[3] = {0, 1, 2};
     pthread_t    th;
@@ -622,8 +626,9 @@ static int child_diag(int rank)
     return ctest_failures != 0;
 }
 
-static int child(int rank, int size)
+static int child(int rank, int size, void *unused)
 {
+    (void)unused;
     xccl_comm_t *c = make_comm(rank, size);
     xccl_work_t *w;
 
@@ -649,62 +654,26 @@ int main(void)
     if (SH == MAP_FAILED) return 1;
     for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
         int   size = sizes[k];
-        pid_t pids[16];
         memset(SH, 0, sizeof(*SH));
         snprintf(store_path, sizeof(store_path), "/tmp/xccl-test-engine-%d-%d", (int)getpid(),
                  size);
         unlink(store_path);
-        for (int r = 0; r < size; r++) {
-            pids[r] = fork();
-            if (pids[r] == 0) _exit(child(r, size));
-        }
-        for (int r = 0; r < size; r++) {
-            int status = 0;
-            waitpid(pids[r], &status, 0);
-            if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-                fprintf(stderr, "size %d: rank %d failed (status %d)\n", size, r, status);
-                failed++;
-            }
-        }
+        failed += ctest_fork_ranks("engine", size, child, NULL);
         unlink(store_path);
     }
     {
-        pid_t pids[3];
         memset(SH, 0, sizeof(*SH));
         snprintf(store_path, sizeof(store_path), "/tmp/xccl-test-engine-%d-diag", (int)getpid());
         unlink(store_path);
-        for (int r = 0; r < 3; r++) {
-            pids[r] = fork();
-            if (pids[r] == 0) _exit(child_diag(r));
-        }
-        for (int r = 0; r < 3; r++) {
-            int status = 0;
-            waitpid(pids[r], &status, 0);
-            if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-                fprintf(stderr, "diag_unlocked: rank %d failed (status %d)\n", r, status);
-                failed++;
-            }
-        }
+        failed += ctest_fork_ranks("diag_unlocked", 3, child_diag, NULL);
         unlink(store_path);
     }
     for (int k = 0; k < 2; k++) {
         const char *tp = k == 0 ? "tcp" : "shm";
-        pid_t       pids[2];
         memset(SH, 0, sizeof(*SH));
         snprintf(store_path, sizeof(store_path), "/tmp/xccl-test-engine-%d-%s", (int)getpid(), tp);
         unlink(store_path);
-        for (int r = 0; r < 2; r++) {
-            pids[r] = fork();
-            if (pids[r] == 0) _exit(child_small(r, tp));
-        }
-        for (int r = 0; r < 2; r++) {
-            int status = 0;
-            waitpid(pids[r], &status, 0);
-            if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-                fprintf(stderr, "too_small over %s: rank %d failed (status %d)\n", tp, r, status);
-                failed++;
-            }
-        }
+        failed += ctest_fork_ranks(tp, 2, child_small, (void *)tp);
         unlink(store_path);
     }
     ctest_checks++;

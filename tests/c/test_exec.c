@@ -373,8 +373,9 @@ static void test_exec_error(xccl_comm_t *c)
     fdev_free(r);
 }
 
-static int child(int rank, int size)
+static int child(int rank, int size, void *unused)
 {
+    (void)unused;
     xccl_comm_t *c;
 
     fdev_open(1); /* the transports read and write this memory directly */
@@ -404,22 +405,9 @@ int main(void)
     }
     for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
         int   size = sizes[k];
-        pid_t pids[8];
         snprintf(store_path, sizeof(store_path), "/tmp/xccl-test-exec-%d-%d", (int)getpid(), size);
         unlink(store_path);
-        fflush(NULL);
-        for (int r = 0; r < size; r++) {
-            pids[r] = fork();
-            if (pids[r] == 0) _exit(child(r, size));
-        }
-        for (int r = 0; r < size; r++) {
-            int status = 0;
-            waitpid(pids[r], &status, 0);
-            if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-                fprintf(stderr, "size %d: rank %d failed (status %d)\n", size, r, status);
-                failed++;
-            }
-        }
+        failed += ctest_fork_ranks("test_exec", size, child, NULL);
         unlink(store_path);
     }
     ctest_checks++;

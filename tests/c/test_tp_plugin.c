@@ -136,8 +136,9 @@ static int wait_ok(xccl_status_t st, xccl_work_t **wp, const char *what, int ran
 
 static int32_t val(int r, size_t i) { return (int32_t)(r * 7919 + (int)(i % 1009)); }
 
-static int child(int rank, int size)
+static int child(int rank, int size, void *unused)
 {
+    (void)unused;
     xccl_store_t      *store = NULL;
     xccl_comm_t       *c     = NULL;
     xccl_comm_config_t cfg   = {0};
@@ -249,8 +250,7 @@ int main(void)
 {
     static xccl_transport_ops_t more[XCCL_TP_REGISTER_MAX];
     const int                   size   = 3;
-    int                         failed = 0;
-    pid_t                       pids[3];
+    int                         failed;
 
     test_register_refusals();
     CHECK(xccl_transport_register(&wtcp_ops) == XCCL_OK);
@@ -259,18 +259,7 @@ int main(void)
 
     snprintf(store_path, sizeof(store_path), "/tmp/xccl-test-plugin-%d", (int)getpid());
     unlink(store_path);
-    for (int r = 0; r < size; r++) {
-        pids[r] = fork();
-        if (pids[r] == 0) _exit(child(r, size));
-    }
-    for (int r = 0; r < size; r++) {
-        int status = 0;
-        waitpid(pids[r], &status, 0);
-        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-            fprintf(stderr, "rank %d failed (status %d)\n", r, status);
-            failed++;
-        }
-    }
+    failed = ctest_fork_ranks("test_tp_plugin", size, child, NULL);
     unlink(store_path);
     ctest_checks++;
     if (failed) ctest_failures++;

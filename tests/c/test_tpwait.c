@@ -122,8 +122,9 @@ static void wake_one(xccl_ctx_t *ctx, int tp)
            ctx->tp[tp].ops->name, sleeps, late_ms);
 }
 
-static int child(int rank)
+static int child(int rank, int size, void *unused)
 {
+    (void)size, (void)unused;
     xccl_store_t      *store = NULL;
     xccl_comm_t       *c     = NULL;
     xccl_comm_config_t cfg   = {0};
@@ -169,23 +170,11 @@ static int child(int rank)
 
 int main(void)
 {
-    pid_t pids[SIZE];
-    int   failed = 0;
+    int failed;
 
     snprintf(store_path, sizeof(store_path), "/tmp/xccl-test-tpwait-%d", (int)getpid());
     unlink(store_path);
-    for (int r = 0; r < SIZE; r++) {
-        pids[r] = fork();
-        if (pids[r] == 0) _exit(child(r));
-    }
-    for (int r = 0; r < SIZE; r++) {
-        int status = 0;
-        waitpid(pids[r], &status, 0);
-        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-            fprintf(stderr, "rank %d failed (status %d)\n", r, status);
-            failed++;
-        }
-    }
+    failed = ctest_fork_ranks("test_tpwait", SIZE, child, NULL);
     unlink(store_path);
     ctest_checks++;
     if (failed) ctest_failures++;
