@@ -119,6 +119,10 @@ struct xccl_umsg {
     int            done; /* payload fully arrived */
     xccl_status_t  status;
     xccl_req_t    *waiter; /* receive matched while the payload was still arriving */
+    /* data's registration with the transport writing it (XCCL_TP_CAP_NEEDS_REG), held until
+     * recv_done; rc stays set so that data leaves that cache when it is freed */
+    xccl_rcache_t *rc;
+    xccl_rreg_t   *reg;
     xccl_comm_t   *comm;   /* whose queues it is on; NULL: only on ctx->unexp            */
     int            cidx;   /* comm rank of src                                         */
     xccl_umsg_t   *next, *prev;   /* ctx->unexp                                         */

@@ -642,6 +642,10 @@ static xccl_umsg_t *umsg_get(xccl_ctx_t *ctx)
 static void umsg_release(xccl_ctx_t *ctx, xccl_umsg_t *u)
 {
     ctx->staged_bytes -= u->data != NULL ? u->hdr.nbytes : 0;
+    if (u->rc != NULL) { /* no registration may outlive the memory it pins */
+        xccl_rcache_put(u->rc, u->reg);
+        xccl_rcache_invalidate(u->rc, u->data, u->hdr.nbytes);
+    }
     free(u->data);
     if (ctx->umsg_pool_n >= XCCL_POOL_MAX) {
         free(u);
@@ -904,6 +908,19 @@ stage:
                               (unsigned long long)hdr->nbytes, peer);
         }
         ctx->staged_bytes += hdr->nbytes;
+        if (slot >= 0 && ctx->tp[slot].rcache != NULL) {
+            xccl_status_t st = xccl_rcache_get(ctx->tp[slot].rcache, u->data, hdr->nbytes,
+                                               XCCL_MEM_HOST, &u->reg, &dst->mr);
+            if (st < 0) {
+                ctx->staged_bytes -= hdr->nbytes;
+                free(u->data);
+                u->next        = ctx->umsg_pool;
+                ctx->umsg_pool = u;
+                ctx->umsg_pool_n++;
+                return st;
+            }
+            u->rc = ctx->tp[slot].rcache;
+        }
     }
     u->next = NULL;
     u->prev = ctx->unexp_tail;
@@ -942,6 +959,10 @@ static void up_recv_done(void *core, void *cookie, xccl_status_t st)
         xccl_umsg_t *u = cookie;
         u->done        = 1;
         u->status      = st;
+        if (u->reg != NULL) { /* the transport let go of the staging buffer */
+            xccl_rcache_put(u->rc, u->reg);
+            u->reg = NULL;
+        }
         if (tag_kind(u->hdr.tag) == TAG_KIND_CTRL && xccl_coll_ctrl_arrived(ctx, u))
             u->hdr.tag = ~0ull;
         if (u->hdr.tag == ~0ull) { /* discarded payload */
