@@ -153,6 +153,7 @@ static void ctx_free(xccl_ctx_t *ctx)
     if (ctx == NULL) return;
     for (int i = 0; i < ctx->ntp; i++) {
         if (ctx->tp[i].rcache != NULL) xccl_rcache_free(ctx->tp[i].rcache);
+        ctx->tp[i].rcache = NULL; /* the communicators freed below find no cache */
         if (ctx->tp[i].ctx != NULL) ctx->tp[i].ops->finalize(ctx->tp[i].ctx);
     }
     while (ctx->unexp_head != NULL) {
@@ -618,6 +619,7 @@ xccl_req_t *xccl_req_get(xccl_ctx_t *ctx)
 
 void xccl_req_put(xccl_ctx_t *ctx, xccl_req_t *r)
 {
+    if (r->text && r->nbytes > 0) xccl_ctx_mem_forget(ctx, r->buf, r->nbytes); /* freed next */
     if (r->text || ctx->req_pool_n >= XCCL_POOL_MAX) {
         free(r);
         return;
