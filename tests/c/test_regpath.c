@@ -675,6 +675,7 @@ static void inflight_invalidate(xccl_comm_t *c, xccl_store_t *store)
         CHECK_MSG(bad == 0, "held receive: %zu wrong values", bad);
     }
     store_meet(store, size, "held-done");
+    CHECK(xccl_comm_mem_invalidate(c, b, bytes) == XCCL_OK); /* before memory is freed */
     free(b);
 }
 
@@ -705,6 +706,11 @@ static void large(xccl_comm_t *c, xccl_store_t *store)
     for (size_t i = 0; i < 2 * n; i++)
         bad += r[i] != sum_at(size, i);
     CHECK_MSG(bad == 0, "two allreduces at once: %zu wrong values", bad);
+    /* checked now, before a later buffer of the same size maps the same addresses again */
+    CHECK_MSG(rt_live_unmapped() == 0,
+              "after the collectives: %d registration(s) of unmapped "
+              "memory are cached",
+              rt_live_unmapped());
 
     for (size_t i = 0; i < n; i++)
         s[i] = val(rank, i), r[i] = -1;
@@ -949,6 +955,8 @@ static void staged_colls(xccl_comm_t *c, xccl_store_t *store)
         bad += r[i] != sum_at(size, i);
     CHECK_MSG(bad == 0, "allreduce with a late rank: %zu wrong values", bad);
     store_meet(store, size, "staged-done");
+    CHECK(xccl_comm_mem_invalidate(c, s, tot * 4) == XCCL_OK);
+    CHECK(xccl_comm_mem_invalidate(c, r, tot * 4) == XCCL_OK);
     fdev_free(s);
     fdev_free(r);
 }
