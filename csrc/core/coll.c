@@ -417,6 +417,7 @@ void *xccl_task_scratch(xccl_task_t *t, size_t nbytes)
         comm->spare_len[mem] = 0;
         return t->scratch;
     }
+    if (t->scratch != NULL) xccl_ctx_mem_forget(comm->ctx, t->scratch, t->scratch_len);
     if (t->exec == &xccl_exec_cpu) {
         p = realloc(t->scratch, nbytes ? nbytes : 1);
         if (p == NULL) return NULL;
@@ -466,10 +467,14 @@ void xccl_task_scratch_return(xccl_task_t *t, int reuse)
     sub_free_all(t); /* after the drain: queued work may use their scratch */
     if (t->scratch == NULL) return;
     if (reuse && t->scratch_len <= XCCL_SCRATCH_KEEP && t->scratch_len > comm->spare_len[mem]) {
-        if (comm->spare[mem] != NULL) t->exec->free(comm->spare[mem]);
+        if (comm->spare[mem] != NULL) {
+            xccl_ctx_mem_forget(comm->ctx, comm->spare[mem], comm->spare_len[mem]);
+            t->exec->free(comm->spare[mem]);
+        }
         comm->spare[mem]     = t->scratch;
         comm->spare_len[mem] = t->scratch_len;
     } else {
+        xccl_ctx_mem_forget(comm->ctx, t->scratch, t->scratch_len);
         t->exec->free(t->scratch);
     }
     t->scratch     = NULL;
@@ -587,6 +592,8 @@ void xccl_comm_free_spare(xccl_comm_t *comm)
     for (int m = 0; m < XCCL_MEM_TYPES; m++) {
         const xccl_exec_ops_t *exec = xccl_exec_for((xccl_mem_type_t)m);
         /* an executor that went away leaks its buffer rather than free it wrongly */
+        if (comm->spare[m] != NULL && comm->ctx != NULL)
+            xccl_ctx_mem_forget(comm->ctx, comm->spare[m], comm->spare_len[m]);
         if (comm->spare[m] != NULL && exec != NULL) exec->free(comm->spare[m]);
         comm->spare[m]     = NULL;
         comm->spare_len[m] = 0;
@@ -793,7 +800,8 @@ static xccl_status_t work_tmp_copy(xccl_work_t *w, const void *src, size_t n, si
     xccl_task_t *t      = &w->task;
     size_t       nbytes = n * el;
 
-    w->tmp = t->exec->alloc(nbytes > 0 ? nbytes : 1);
+    w->tmp     = t->exec->alloc(nbytes > 0 ? nbytes : 1);
+    w->tmp_len = nbytes;
     if (w->tmp == NULL)
         return XCCL_ERROR(XCCL_ERR_NO_MEMORY, "%s: no memory for a %zu-byte %s copy", w->name,
                           nbytes, t->exec->name);

@@ -119,6 +119,10 @@ struct xccl_umsg {
     int            done; /* payload fully arrived */
     xccl_status_t  status;
     xccl_req_t    *waiter; /* receive matched while the payload was still arriving */
+    /* data's registration with the transport writing it (XCCL_TP_CAP_NEEDS_REG), held until
+     * recv_done; rc stays set so that data leaves that cache when it is freed */
+    xccl_rcache_t *rc;
+    xccl_rreg_t   *reg;
     xccl_comm_t   *comm;   /* whose queues it is on; NULL: only on ctx->unexp            */
     int            cidx;   /* comm rank of src                                         */
     xccl_umsg_t   *next, *prev;   /* ctx->unexp                                         */
@@ -257,6 +261,7 @@ struct xccl_work {
     xccl_op_t     user_op;
     double        premul;
     void         *tmp;     /* prologue copy (PREMUL_SUM scaling, in-place inputs)          */
+    size_t        tmp_len;
     size_t       *vcounts; /* ALLTOALLV: private copy of counts and displacements          */
     /* completion callback */
     xccl_work_cb_t cb;
@@ -384,6 +389,11 @@ void          xccl_ctx_sleep(xccl_ctx_t *ctx, int timeout_ms);
 void          xccl_ctx_run_callbacks(xccl_ctx_t *ctx);
 void          xccl_ctx_wake_thread(xccl_ctx_t *ctx); /* lock held */
 void          xccl_ctx_start_thread(xccl_ctx_t *ctx); /* lock held */
+/* memreg.c: the core is done with [ptr, ptr + nbytes), memory of its own that it may have
+ * handed to transports (scratch, prologue copies, notices), and is about to free or reuse it:
+ * every registration cache of the context drops it (deregistered once no transport uses it).
+ * Lock held. */
+void          xccl_ctx_mem_forget(xccl_ctx_t *ctx, const void *ptr, size_t nbytes);
 
 /* Posting, under the lock. Errors are reported with XCCL_ERROR. */
 xccl_status_t xccl_req_post_send(xccl_ctx_t *ctx, xccl_req_t *r);

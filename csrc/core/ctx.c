@@ -153,6 +153,7 @@ static void ctx_free(xccl_ctx_t *ctx)
     if (ctx == NULL) return;
     for (int i = 0; i < ctx->ntp; i++) {
         if (ctx->tp[i].rcache != NULL) xccl_rcache_free(ctx->tp[i].rcache);
+        ctx->tp[i].rcache = NULL; /* the communicators freed below find no cache */
         if (ctx->tp[i].ctx != NULL) ctx->tp[i].ops->finalize(ctx->tp[i].ctx);
     }
     while (ctx->unexp_head != NULL) {
@@ -618,6 +619,7 @@ xccl_req_t *xccl_req_get(xccl_ctx_t *ctx)
 
 void xccl_req_put(xccl_ctx_t *ctx, xccl_req_t *r)
 {
+    if (r->text && r->nbytes > 0) xccl_ctx_mem_forget(ctx, r->buf, r->nbytes); /* freed next */
     if (r->text || ctx->req_pool_n >= XCCL_POOL_MAX) {
         free(r);
         return;
@@ -642,6 +644,10 @@ static xccl_umsg_t *umsg_get(xccl_ctx_t *ctx)
 static void umsg_release(xccl_ctx_t *ctx, xccl_umsg_t *u)
 {
     ctx->staged_bytes -= u->data != NULL ? u->hdr.nbytes : 0;
+    if (u->rc != NULL) { /* no registration may outlive the memory it pins */
+        xccl_rcache_put(u->rc, u->reg);
+        xccl_rcache_invalidate(u->rc, u->data, u->hdr.nbytes);
+    }
     free(u->data);
     if (ctx->umsg_pool_n >= XCCL_POOL_MAX) {
         free(u);
@@ -904,6 +910,19 @@ stage:
                               (unsigned long long)hdr->nbytes, peer);
         }
         ctx->staged_bytes += hdr->nbytes;
+        if (slot >= 0 && ctx->tp[slot].rcache != NULL) {
+            xccl_status_t st = xccl_rcache_get(ctx->tp[slot].rcache, u->data, hdr->nbytes,
+                                               XCCL_MEM_HOST, &u->reg, &dst->mr);
+            if (st < 0) {
+                ctx->staged_bytes -= hdr->nbytes;
+                free(u->data);
+                u->next        = ctx->umsg_pool;
+                ctx->umsg_pool = u;
+                ctx->umsg_pool_n++;
+                return st;
+            }
+            u->rc = ctx->tp[slot].rcache;
+        }
     }
     u->next = NULL;
     u->prev = ctx->unexp_tail;
@@ -942,6 +961,10 @@ static void up_recv_done(void *core, void *cookie, xccl_status_t st)
         xccl_umsg_t *u = cookie;
         u->done        = 1;
         u->status      = st;
+        if (u->reg != NULL) { /* the transport let go of the staging buffer */
+            xccl_rcache_put(u->rc, u->reg);
+            u->reg = NULL;
+        }
         if (tag_kind(u->hdr.tag) == TAG_KIND_CTRL && xccl_coll_ctrl_arrived(ctx, u))
             u->hdr.tag = ~0ull;
         if (u->hdr.tag == ~0ull) { /* discarded payload */

@@ -166,7 +166,11 @@ void xccl_work_finish(xccl_work_t *w, xccl_status_t st, const char *msg)
         w->async_counted = 0;
         ctx->nasync--;
     }
-    if (w->kind == WORK_COLL) xccl_task_scratch_return(&w->task, st == XCCL_OK);
+    if (w->kind == WORK_COLL) {
+        xccl_task_scratch_return(&w->task, st == XCCL_OK);
+        /* freed with the Work, perhaps after the context: leaves the caches now */
+        if (w->tmp != NULL) xccl_ctx_mem_forget(ctx, w->tmp, w->tmp_len);
+    }
     w->t_end = xccl_now_ns();
     atomic_store(&w->status, st);
     xccl_flight_record(w);
