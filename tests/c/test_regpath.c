@@ -988,8 +988,9 @@ static int part_regdev(int rank, int size)
     return 0;
 }
 
-static int child(int rank, int size)
+static int child(int rank, int size, void *unused)
 {
+    (void)unused;
     int rc;
 
     /* a fixed threshold (glibc raises it after freeing a mapped chunk otherwise): every buffer
@@ -1017,21 +1018,8 @@ int main(void)
     }
     for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
         int   size = sizes[k];
-        pid_t pids[8];
-        char  path[256];
-        fflush(NULL);
-        for (int r = 0; r < size; r++) {
-            pids[r] = fork();
-            if (pids[r] == 0) _exit(child(r, size));
-        }
-        for (int r = 0; r < size; r++) {
-            int status = 0;
-            waitpid(pids[r], &status, 0);
-            if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-                fprintf(stderr, "size %d: rank %d failed (status %d)\n", size, r, status);
-                failed++;
-            }
-        }
+        char path[256];
+        failed += ctest_fork_ranks("test_regpath", size, child, NULL);
         for (int t = 0; t < 2; t++) {
             snprintf(path, sizeof(path), "/tmp/xccl-test-regpath-%d-%d-%s", (int)getpid(), size,
                      t ? "dev" : "tcp");
