@@ -24,16 +24,14 @@
 #include "core/check.h"
 #include "ctest.h"
 #include "fake_dev.h"
+#include "tp_wrap.h"
 #include "xccl/xccl.h"
 #include "xccl/xccl_transport.h"
 
 /* ---- devtcp: tcp that accepts the fake device memory ------------------------------------- */
 
 struct xccl_tp_ctx {
-    const xccl_transport_ops_t *inner;
-    xccl_tp_ctx_t              *ictx;
-    const xccl_tp_upcalls_t    *up; /* the core's upcalls                                 */
-    xccl_tp_upcalls_t           mine; /* given to tcp: they rewrite the memory type          */
+    tpw_t w; /* the wrapped tcp and the upcall shim (tp_wrap.h) */
 };
 
 static struct {
@@ -43,8 +41,7 @@ static struct {
 static xccl_status_t d_recv_match(void *core, int peer, const xccl_msg_hdr_t *hdr,
                                   xccl_tp_buf_t *dst, void **cookie)
 {
-    xccl_tp_ctx_t *c  = core;
-    xccl_status_t  st = c->up->recv_match(c->up->core, peer, hdr, dst, cookie);
+    xccl_status_t st = tpw_up_recv_match(core, peer, hdr, dst, cookie);
 
     if (st == XCCL_OK && dst->mem == XCCL_MEM_CUDA) {
         devtcp.dev_recvs++;
@@ -53,68 +50,11 @@ static xccl_status_t d_recv_match(void *core, int peer, const xccl_msg_hdr_t *hd
     return st;
 }
 
-static void d_recv_done(void *core, void *cookie, xccl_status_t st)
-{
-    xccl_tp_ctx_t *c = core;
-    c->up->recv_done(c->up->core, cookie, st);
-}
-
-static void d_send_done(void *core, void *cookie, xccl_status_t st)
-{
-    xccl_tp_ctx_t *c = core;
-    c->up->send_done(c->up->core, cookie, st);
-}
-
-static void d_peer_failed(void *core, int peer, xccl_status_t st, const char *why)
-{
-    xccl_tp_ctx_t *c = core;
-    c->up->peer_failed(c->up->core, peer, st, why);
-}
-
 static xccl_status_t d_init(const xccl_tp_init_params_t *params, xccl_tp_ctx_t **out)
 {
-    xccl_tp_ctx_t        *c = calloc(1, sizeof(*c));
-    xccl_tp_init_params_t p = *params;
-    xccl_status_t         st;
+    static const xccl_tp_upcalls_t shim = {.recv_match = d_recv_match};
 
-    if (c == NULL) return XCCL_ERR_NO_MEMORY;
-    c->inner = xccl_transport_find("tcp");
-    c->up    = params->up;
-    c->mine  = (xccl_tp_upcalls_t){.core        = c,
-                                   .recv_match  = d_recv_match,
-                                   .recv_done   = d_recv_done,
-                                   .send_done   = d_send_done,
-                                   .peer_failed = d_peer_failed};
-    p.up     = &c->mine;
-    st       = c->inner != NULL ? c->inner->init(&p, &c->ictx) : XCCL_ERR_NOT_SUPPORTED;
-    if (st < 0) {
-        free(c);
-        return st;
-    }
-    *out = c;
-    return XCCL_OK;
-}
-
-static void d_finalize(xccl_tp_ctx_t *c)
-{
-    c->inner->finalize(c->ictx);
-    free(c);
-}
-
-static int d_reachable(const xccl_tp_ctx_t *c, int peer)
-{
-    return c->inner->reachable(c->ictx, peer);
-}
-
-static xccl_status_t d_get_addr(xccl_tp_ctx_t *c, void *addr, size_t *len)
-{
-    return c->inner->get_addr(c->ictx, addr, len);
-}
-
-static xccl_status_t d_wireup(xccl_tp_ctx_t *c, const void *const *addrs, const size_t *lens,
-                              const uint8_t *use, int64_t timeout_ms)
-{
-    return c->inner->wireup(c->ictx, addrs, lens, use, timeout_ms);
+    return tpw_init(params, out, sizeof(xccl_tp_ctx_t), "tcp", &shim);
 }
 
 static xccl_status_t d_isend(xccl_tp_ctx_t *c, int peer, const xccl_msg_hdr_t *hdr,
@@ -124,19 +64,7 @@ static xccl_status_t d_isend(xccl_tp_ctx_t *c, int peer, const xccl_msg_hdr_t *h
 
     if (buf->mem == XCCL_MEM_CUDA) devtcp.dev_sends++;
     host.mem = XCCL_MEM_HOST;
-    return c->inner->isend(c->ictx, peer, hdr, &host, cookie);
-}
-
-static xccl_status_t d_progress(xccl_tp_ctx_t *c, int *nevents)
-{
-    return c->inner->progress(c->ictx, nevents);
-}
-
-static void d_wait(xccl_tp_ctx_t *c, int timeout_ms) { c->inner->wait(c->ictx, timeout_ms); }
-static void d_wake(xccl_tp_ctx_t *c) { c->inner->wake(c->ictx); }
-static void d_close_peer(xccl_tp_ctx_t *c, int peer, const char *why)
-{
-    c->inner->close_peer(c->ictx, peer, why);
+    return tpw_isend(c, peer, hdr, &host, cookie);
 }
 
 static const xccl_transport_ops_t devtcp_ops = {
@@ -145,15 +73,15 @@ static const xccl_transport_ops_t devtcp_ops = {
     .caps        = XCCL_TP_CAP_HOST_MEM | XCCL_TP_CAP_CUDA_MEM,
     .priority    = 1,
     .init        = d_init,
-    .finalize    = d_finalize,
-    .reachable   = d_reachable,
-    .get_addr    = d_get_addr,
-    .wireup      = d_wireup,
+    .finalize    = tpw_finalize,
+    .reachable   = tpw_reachable,
+    .get_addr    = tpw_get_addr,
+    .wireup      = tpw_wireup,
     .isend       = d_isend,
-    .progress    = d_progress,
-    .wait        = d_wait,
-    .wake        = d_wake,
-    .close_peer  = d_close_peer,
+    .progress    = tpw_progress,
+    .wait        = tpw_wait,
+    .wake        = tpw_wake,
+    .close_peer  = tpw_close_peer,
 };
 
 /* ---- ranks ---------------------------------------------------------------------------------- */

@@ -37,6 +37,7 @@
 
 #include "algo/algo.h"
 #include "ctest.h"
+#include "tp_wrap.h"
 #include "fake_dev.h"
 #include "xccl/xccl.h"
 #include "xccl/xccl_transport.h"
@@ -182,21 +183,17 @@ typedef struct held_recv {
 } held_recv_t;
 
 struct xccl_tp_ctx {
-    const xccl_transport_ops_t *inner;
-    xccl_tp_ctx_t              *ictx;
-    const xccl_tp_upcalls_t    *up;   /* the core's upcalls                        */
-    xccl_tp_upcalls_t           mine; /* given to tcp: they check, then pass on     */
-    held_send_t                 sq[RT_MAXHELD];
-    int                         nsq;
-    held_recv_t                 rq[RT_MAXHELD];
-    int                         nrq;
+    tpw_t       w; /* the wrapped tcp; its upcall shim checks, then passes on (tp_wrap.h) */
+    held_send_t sq[RT_MAXHELD];
+    int         nsq;
+    held_recv_t rq[RT_MAXHELD];
+    int         nrq;
 };
 
 static xccl_status_t w_recv_match(void *core, int peer, const xccl_msg_hdr_t *hdr,
                                   xccl_tp_buf_t *dst, void **cookie)
 {
-    xccl_tp_ctx_t *c  = core;
-    xccl_status_t  st = c->up->recv_match(c->up->core, peer, hdr, dst, cookie);
+    xccl_status_t st = tpw_up_recv_match(core, peer, hdr, dst, cookie);
 
     if (st == XCCL_OK && hdr->nbytes > 0 && dst->ptr != NULL) {
         pthread_mutex_lock(&rt.lock);
@@ -214,7 +211,7 @@ static void w_deliver_recv(xccl_tp_ctx_t *c, void *cookie, xccl_status_t st)
     rt_op_del(rt.recvs, &rt.nrecvs, cookie);
     rt.recv_done_calls++;
     pthread_mutex_unlock(&rt.lock);
-    c->up->recv_done(c->up->core, cookie, st);
+    tpw_up_recv_done(c, cookie, st);
 }
 
 static void w_recv_done(void *core, void *cookie, xccl_status_t st)
@@ -231,64 +228,18 @@ static void w_recv_done(void *core, void *cookie, xccl_status_t st)
 
 static void w_send_done(void *core, void *cookie, xccl_status_t st)
 {
-    xccl_tp_ctx_t *c = core;
-
     pthread_mutex_lock(&rt.lock);
     rt_op_del(rt.sends, &rt.nsends, cookie);
     pthread_mutex_unlock(&rt.lock);
-    c->up->send_done(c->up->core, cookie, st);
-}
-
-static void w_peer_failed(void *core, int peer, xccl_status_t st, const char *why)
-{
-    xccl_tp_ctx_t *c = core;
-    c->up->peer_failed(c->up->core, peer, st, why);
+    tpw_up_send_done(core, cookie, st);
 }
 
 static xccl_status_t w_init(const xccl_tp_init_params_t *params, xccl_tp_ctx_t **out)
 {
-    xccl_tp_ctx_t        *c = calloc(1, sizeof(*c));
-    xccl_tp_init_params_t p = *params;
-    xccl_status_t         st;
+    static const xccl_tp_upcalls_t shim = {
+        .recv_match = w_recv_match, .recv_done = w_recv_done, .send_done = w_send_done};
 
-    if (c == NULL) return XCCL_ERR_NO_MEMORY;
-    c->inner = xccl_transport_find("tcp");
-    c->up    = params->up;
-    c->mine  = (xccl_tp_upcalls_t){.core        = c,
-                                   .recv_match  = w_recv_match,
-                                   .recv_done   = w_recv_done,
-                                   .send_done   = w_send_done,
-                                   .peer_failed = w_peer_failed};
-    p.up     = &c->mine;
-    st       = c->inner != NULL ? c->inner->init(&p, &c->ictx) : XCCL_ERR_NOT_SUPPORTED;
-    if (st < 0) {
-        free(c);
-        return st;
-    }
-    *out = c;
-    return XCCL_OK;
-}
-
-static void w_finalize(xccl_tp_ctx_t *c)
-{
-    c->inner->finalize(c->ictx);
-    free(c);
-}
-
-static int w_reachable(const xccl_tp_ctx_t *c, int peer)
-{
-    return c->inner->reachable(c->ictx, peer);
-}
-
-static xccl_status_t w_get_addr(xccl_tp_ctx_t *c, void *addr, size_t *len)
-{
-    return c->inner->get_addr(c->ictx, addr, len);
-}
-
-static xccl_status_t w_wireup(xccl_tp_ctx_t *c, const void *const *addrs, const size_t *lens,
-                              const uint8_t *use, int64_t timeout_ms)
-{
-    return c->inner->wireup(c->ictx, addrs, lens, use, timeout_ms);
+    return tpw_init(params, out, sizeof(xccl_tp_ctx_t), "tcp", &shim);
 }
 
 static xccl_status_t w_isend(xccl_tp_ctx_t *c, int peer, const xccl_msg_hdr_t *hdr,
@@ -310,7 +261,7 @@ static xccl_status_t w_isend(xccl_tp_ctx_t *c, int peer, const xccl_msg_hdr_t *h
         atomic_fetch_add(&held_sends, 1);
         return XCCL_OK;
     }
-    st = c->inner->isend(c->ictx, peer, hdr, &host, cookie);
+    st = tpw_isend(c, peer, hdr, &host, cookie);
     if (st < 0) {
         pthread_mutex_lock(&rt.lock);
         rt_op_del(rt.sends, &rt.nsends, cookie);
@@ -326,7 +277,7 @@ static xccl_status_t w_progress(xccl_tp_ctx_t *c, int *nevents)
     if (!atomic_load(&hold_sends) && c->nsq > 0) {
         for (int i = 0; i < c->nsq; i++) {
             held_send_t  *h  = &c->sq[i];
-            xccl_status_t st = c->inner->isend(c->ictx, h->peer, &h->hdr, &h->buf, h->cookie);
+            xccl_status_t st = tpw_isend(c, h->peer, &h->hdr, &h->buf, h->cookie);
             if (st < 0) w_send_done(c, h->cookie, st);
         }
         k += c->nsq;
@@ -342,7 +293,7 @@ static xccl_status_t w_progress(xccl_tp_ctx_t *c, int *nevents)
         }
         k += n;
     }
-    xccl_status_t st = c->inner->progress(c->ictx, nevents);
+    xccl_status_t st = tpw_progress(c, nevents);
     *nevents += k;
     return st;
 }
@@ -352,17 +303,7 @@ static void w_wait(xccl_tp_ctx_t *c, int timeout_ms)
     /* held work is released by a flag, which wakes nobody: sleep briefly while there is some
      * (called without the core lock: the counters, not the queues) */
     int held = atomic_load(&held_sends) + atomic_load(&held_recvs);
-    c->inner->wait(c->ictx, held > 0 && timeout_ms > 1 ? 1 : timeout_ms);
-}
-
-static void w_wake(xccl_tp_ctx_t *c)
-{
-    c->inner->wake(c->ictx);
-}
-
-static void w_close_peer(xccl_tp_ctx_t *c, int peer, const char *why)
-{
-    c->inner->close_peer(c->ictx, peer, why);
+    tpw_wait(c, held > 0 && timeout_ms > 1 ? 1 : timeout_ms);
 }
 
 static xccl_status_t w_mem_reg(xccl_tp_ctx_t *c, void *ptr, size_t nbytes, xccl_mem_type_t mem,
@@ -405,15 +346,15 @@ static void w_mem_dereg(xccl_tp_ctx_t *c, void *mr)
         .caps        = (CAPS),                                                                     \
         .priority    = 1,                                                                          \
         .init        = w_init,                                                                     \
-        .finalize    = w_finalize,                                                                 \
-        .reachable   = w_reachable,                                                                \
-        .get_addr    = w_get_addr,                                                                 \
-        .wireup      = w_wireup,                                                                   \
+        .finalize    = tpw_finalize,                                                               \
+        .reachable   = tpw_reachable,                                                              \
+        .get_addr    = tpw_get_addr,                                                               \
+        .wireup      = tpw_wireup,                                                                 \
         .isend       = w_isend,                                                                    \
         .progress    = w_progress,                                                                 \
         .wait        = w_wait,                                                                     \
-        .wake        = w_wake,                                                                     \
-        .close_peer  = w_close_peer,                                                               \
+        .wake        = tpw_wake,                                                                   \
+        .close_peer  = tpw_close_peer,                                                             \
         .mem_reg     = w_mem_reg,                                                                  \
         .mem_dereg   = w_mem_dereg,                                                                \
     }
@@ -1017,7 +958,7 @@ int main(void)
         return 1;
     }
     for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
-        int   size = sizes[k];
+        int  size = sizes[k];
         char path[256];
         failed += ctest_fork_ranks("test_regpath", size, child, NULL);
         for (int t = 0; t < 2; t++) {

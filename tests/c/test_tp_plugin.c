@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "ctest.h"
+#include "tp_wrap.h"
 #include "xccl/xccl.h"
 #include "xccl/xccl_tp_support.h"
 #include "xccl/xccl_transport.h"
@@ -23,8 +24,7 @@
 /* ---- the transport -------------------------------------------------------------------------- */
 
 struct xccl_tp_ctx {
-    const xccl_transport_ops_t *inner;
-    xccl_tp_ctx_t              *ictx;
+    tpw_t w; /* the wrapped tcp (tp_wrap.h) */
 };
 
 static struct {
@@ -34,47 +34,23 @@ static struct {
 
 static xccl_status_t w_init(const xccl_tp_init_params_t *params, xccl_tp_ctx_t **out)
 {
-    xccl_tp_ctx_t *c = calloc(1, sizeof(*c));
-    xccl_status_t  st;
+    xccl_status_t st = tpw_init(params, out, sizeof(xccl_tp_ctx_t), "tcp", NULL);
 
-    if (c == NULL) return XCCL_ERROR(XCCL_ERR_NO_MEMORY, "wtcp: out of memory");
-    c->inner = xccl_transport_find("tcp");
-    if (c->inner == NULL) {
-        free(c);
-        return XCCL_ERROR(XCCL_ERR_NOT_SUPPORTED, "wtcp: no tcp transport to wrap");
-    }
-    st = c->inner->init(params, &c->ictx);
-    if (st < 0) {
-        free(c);
-        return st;
-    }
-    cnt.inits++;
-    *out = c;
-    return XCCL_OK;
+    if (st == XCCL_OK) cnt.inits++;
+    return st;
 }
 
 static void w_finalize(xccl_tp_ctx_t *c)
 {
-    c->inner->finalize(c->ictx);
+    tpw_finalize(c);
     cnt.finalizes++;
-    free(c);
-}
-
-static int w_reachable(const xccl_tp_ctx_t *c, int peer)
-{
-    return c->inner->reachable(c->ictx, peer);
-}
-
-static xccl_status_t w_get_addr(xccl_tp_ctx_t *c, void *addr, size_t *len)
-{
-    return c->inner->get_addr(c->ictx, addr, len);
 }
 
 static xccl_status_t w_wireup(xccl_tp_ctx_t *c, const void *const *addrs, const size_t *lens,
                               const uint8_t *use, int64_t timeout_ms)
 {
     cnt.wireups++;
-    return c->inner->wireup(c->ictx, addrs, lens, use, timeout_ms);
+    return tpw_wireup(c, addrs, lens, use, timeout_ms);
 }
 
 static xccl_status_t w_isend(xccl_tp_ctx_t *c, int peer, const xccl_msg_hdr_t *hdr,
@@ -82,20 +58,13 @@ static xccl_status_t w_isend(xccl_tp_ctx_t *c, int peer, const xccl_msg_hdr_t *h
 {
     cnt.sends++;
     cnt.send_bytes += hdr->nbytes;
-    return c->inner->isend(c->ictx, peer, hdr, buf, cookie);
+    return tpw_isend(c, peer, hdr, buf, cookie);
 }
 
 static xccl_status_t w_progress(xccl_tp_ctx_t *c, int *nevents)
 {
     cnt.progress++;
-    return c->inner->progress(c->ictx, nevents);
-}
-
-static void w_wait(xccl_tp_ctx_t *c, int timeout_ms) { c->inner->wait(c->ictx, timeout_ms); }
-static void w_wake(xccl_tp_ctx_t *c) { c->inner->wake(c->ictx); }
-static void w_close_peer(xccl_tp_ctx_t *c, int peer, const char *why)
-{
-    c->inner->close_peer(c->ictx, peer, why);
+    return tpw_progress(c, nevents);
 }
 
 static const xccl_transport_ops_t wtcp_ops = {
@@ -105,14 +74,14 @@ static const xccl_transport_ops_t wtcp_ops = {
     .priority    = 1,
     .init        = w_init,
     .finalize    = w_finalize,
-    .reachable   = w_reachable,
-    .get_addr    = w_get_addr,
+    .reachable   = tpw_reachable,
+    .get_addr    = tpw_get_addr,
     .wireup      = w_wireup,
     .isend       = w_isend,
     .progress    = w_progress,
-    .wait        = w_wait,
-    .wake        = w_wake,
-    .close_peer  = w_close_peer,
+    .wait        = tpw_wait,
+    .wake        = tpw_wake,
+    .close_peer  = tpw_close_peer,
 };
 
 /* ---- ranks ---------------------------------------------------------------------------------- */
