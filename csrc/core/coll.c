@@ -938,17 +938,21 @@ static xccl_status_t coll_post(xccl_comm_t *comm, xccl_coll_args_t *a, xccl_op_t
     pthread_mutex_lock(&ctx->lock);
     w->seq = comm->next_seq++;
     xccl_work_activate(w, blocking);
-    /* messages of this operation that arrived early: check their fingerprints */
-    for (xccl_umsg_t *u = ctx->unexp_head, *next; u != NULL && w->active; u = next) {
-        next = u->next;
-        if (u->hdr.comm_id != comm->id) continue;
+    /* messages of this operation that arrived early (the communicator's own lists): check
+     * their fingerprints, and take the notices about it */
+    for (xccl_umsg_t *u = comm->arrivals.head, *next; u != NULL && w->active; u = next) {
+        next = u->anext;
         if (tag_kind(u->hdr.tag) == TAG_KIND_COLL && tag_seq(u->hdr.tag) == w->seq &&
             u->hdr.fp != w->fp) {
             xccl_coll_mismatch(comm, w->seq, xccl_comm_rank_of_world(comm, u->src), u->hdr.fp, 1);
-        } else if (tag_kind(u->hdr.tag) == TAG_KIND_CTRL && u->done &&
-                   tag_ctrl_seq(u->hdr.tag) == w->seq && u->hdr.tag != ~0ull) {
-            if (xccl_coll_ctrl_arrived(ctx, u)) xccl_umsg_drop(ctx, u);
+            break; /* w failed */
         }
+    }
+    for (xccl_umsg_t *u = comm->ctrl.head, *next; u != NULL && w->active; u = next) {
+        next = u->pnext;
+        if (u->done && tag_ctrl_seq(u->hdr.tag) == w->seq && u->hdr.tag != ~0ull &&
+            xccl_coll_ctrl_arrived(ctx, u))
+            xccl_umsg_drop(ctx, u);
     }
     started = w->active;
     if (started) { /* eager start, at the enqueue time */

@@ -108,9 +108,9 @@ struct xccl_req {
 static inline int xccl_req_world_peer(const xccl_req_t *r);
 
 /* A message that arrived before its receive was posted. It is on ctx->unexp (every one, in
- * arrival order) and, unless it is a control message or its communicator does not exist here
- * (yet), on its communicator's queue for the sender (comm->unexp[cidx]) and the
- * communicator's arrival list (any-source receives). */
+ * arrival order) and, once its communicator exists here, on that communicator's lists: a
+ * control message on comm->ctrl (cidx -1), any other on its queue for the sender
+ * (comm->unexp[cidx]) and on the communicator's arrival list (any-source receives). */
 struct xccl_umsg {
     int            ctype; /* COOKIE_UMSG */
     int            src;   /* world rank */
@@ -124,9 +124,9 @@ struct xccl_umsg {
     xccl_rcache_t *rc;
     xccl_rreg_t   *reg;
     xccl_comm_t   *comm;   /* whose queues it is on; NULL: only on ctx->unexp            */
-    int            cidx;   /* comm rank of src                                         */
+    int            cidx;   /* comm rank of src; -1: a control message (on comm->ctrl)  */
     xccl_umsg_t   *next, *prev;   /* ctx->unexp                                         */
-    xccl_umsg_t   *pnext, *pprev; /* comm->unexp[cidx]                                  */
+    xccl_umsg_t   *pnext, *pprev; /* comm->unexp[cidx], or comm->ctrl                   */
     xccl_umsg_t   *anext, *aprev; /* comm->arrivals                                     */
 };
 
@@ -155,6 +155,7 @@ struct xccl_comm {
     xccl_req_q_t   any;
     xccl_umsg_q_t *unexp;
     xccl_umsg_q_t  arrivals;
+    xccl_umsg_q_t  ctrl; /* control messages not consumed yet (collectives not posted yet) */
     uint64_t       post_seq;
     xccl_u64map_t  colls;
     uint64_t     next_seq;

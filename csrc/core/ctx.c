@@ -552,16 +552,21 @@ static void umsg_link_comm(xccl_comm_t *c, xccl_umsg_t *u)
     xccl_umsg_q_t *q;
 
     u->comm = NULL;
-    if (c == NULL || tag_kind(u->hdr.tag) == TAG_KIND_CTRL) return; /* never received */
-    u->cidx = c->rank_of[u->src];
-    if (u->cidx < 0) return; /* from a non-member: nothing can receive it */
-    u->comm  = c;
-    q        = &c->unexp[u->cidx];
+    if (c == NULL || c->rank_of[u->src] < 0) return; /* from a non-member: never received */
+    u->comm = c;
+    if (tag_kind(u->hdr.tag) == TAG_KIND_CTRL) { /* for the collective it names (coll.c) */
+        u->cidx = -1;
+        q       = &c->ctrl;
+    } else {
+        u->cidx = c->rank_of[u->src];
+        q       = &c->unexp[u->cidx];
+    }
     u->pnext = NULL;
     u->pprev = q->tail;
     if (q->tail) q->tail->pnext = u;
     else q->head = u;
-    q->tail  = u;
+    q->tail = u;
+    if (u->cidx < 0) return;
     u->anext = NULL;
     u->aprev = c->arrivals.tail;
     if (c->arrivals.tail) c->arrivals.tail->anext = u;
@@ -575,11 +580,14 @@ static void umsg_unlink_comm(xccl_umsg_t *u)
     xccl_umsg_q_t *q;
 
     if (c == NULL) return;
-    q = &c->unexp[u->cidx];
+    q = u->cidx < 0 ? &c->ctrl : &c->unexp[u->cidx];
     if (u->pprev) u->pprev->pnext = u->pnext;
     else q->head = u->pnext;
     if (u->pnext) u->pnext->pprev = u->pprev;
     else q->tail = u->pprev;
+    u->pnext = u->pprev = NULL;
+    u->comm             = NULL;
+    if (u->cidx < 0) return;
     if (u->aprev) u->aprev->anext = u->anext;
     else c->arrivals.head = u->anext;
     if (u->anext) u->anext->aprev = u->aprev;

@@ -626,6 +626,47 @@ static int child_diag(int rank, int size, void *unused)
     return ctest_failures != 0;
 }
 
+/* A control message about a collective this rank has not posted yet (the fingerprint check a
+ * rank sends when its start sent the next rank no data) waits on the communicator's control
+ * list and is taken when the collective is posted: ranks 0 and 1 of a split call broadcast and
+ * reduce; rank 1 posts only once rank 0's check has arrived (it came before a p2p message
+ * rank 0 sent after posting, on the same connection), so rank 1 finds the mismatch at post
+ * time and the notice leaves the list (left there, it would stay until the communicator goes:
+ * rank 0's reply also fails rank 1's call, but never takes rank 0's check). */
+static void early_notice(xccl_comm_t *world, int rank)
+{
+    static const int pair[2] = {0, 1};
+    xccl_comm_t     *c       = NULL;
+    xccl_work_t     *w = NULL, *wr;
+    float            x[4]    = {1, 2, 3, 4};
+    int32_t          v       = 0;
+    xccl_status_t    st;
+
+    if (rank > 1) return;
+    CHECK(xccl_comm_split(world, 2, pair, "early", &c) == XCCL_OK);
+    if (c == NULL) return;
+    if (rank == 0) {
+        CHECK(xccl_broadcast(c, x, 4, XCCL_FLOAT32, 1, NULL, &w) == XCCL_OK);
+        send_val(world, 1, 77, 1);
+    } else {
+        CHECK(xccl_irecv(world, &v, sizeof(v), 0, 77, &wr) == XCCL_OK);
+        want(wr, &v, 1, 0, "early_notice ready");
+        CHECK(xccl_reduce(c, x, x, 4, XCCL_FLOAT32, XCCL_OP_SUM, 1, NULL, &w) == XCCL_OK);
+    }
+    if (w != NULL) {
+        st = xccl_work_wait(w, 20000);
+        CHECK_MSG(st == XCCL_ERR_MISMATCH, "rank %d: %s", rank, xccl_work_error(w));
+        if (rank == 1)
+            CHECK_MSG(strstr(xccl_work_error(w), "rank 1 called reduce") != NULL &&
+                          strstr(xccl_work_error(w), "rank 0 called broadcast") != NULL,
+                      "rank 1: %s", xccl_work_error(w));
+        if (rank == 1)
+            CHECK_MSG(c->ctrl.head == NULL, "a notice about a posted collective stayed");
+        xccl_work_release(w);
+    }
+    xccl_comm_destroy(c);
+}
+
 static int child(int rank, int size, void *unused)
 {
     (void)unused;
@@ -637,6 +678,7 @@ static int child(int rank, int size, void *unused)
     matching(c, rank, size);
     mem_types(c, rank);
     churn(c, rank, size);
+    early_notice(c, rank);
     /* leave together: a rank that exits early looks like a failure to the others */
     CHECK(xccl_barrier(c, NULL, &w) == XCCL_OK && xccl_work_wait(w, 30000) == XCCL_OK);
     xccl_work_release(w);
