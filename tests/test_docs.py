@@ -50,6 +50,7 @@ from __future__ import annotations
 import glob
 import os
 import re
+import signal
 import subprocess
 import sys
 import urllib.parse
@@ -292,19 +293,24 @@ def run_block(code: str, root: Path = ROOT, timeout: float = RUN_TIMEOUT_S) -> s
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(root / "python"), env.get("PYTHONPATH")) if p
     )
+    # its own session, so that a timeout ends everything the block started
+    proc = subprocess.Popen(
+        ["bash", "-eo", "pipefail", "-c", code],
+        cwd=root,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
-        proc = subprocess.run(
-            ["bash", "-eo", "pipefail", "-c", code],
-            cwd=root,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
+        out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
         return f"did not finish in {timeout:g} s"
     if proc.returncode != 0:
-        return f"exit status {proc.returncode}\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
+        return f"exit status {proc.returncode}\n{out[-2000:]}{err[-2000:]}"
     return None
 
 
@@ -394,6 +400,14 @@ def test_checker_finds_broken_link(repo: Path) -> None:
     assert errors[0].startswith("docs/page.md:3:")
 
 
+def test_checker_finds_broken_nested_reference_and_html_links(repo: Path) -> None:
+    md = '[![badge](nope.png)](other.md)\n\n[r]: gone.md\n\n<img src="img/x.png" alt="x">\n'
+    errors = _check(repo, md)
+    assert len(errors) == 3, errors
+    report = "\n".join(errors)
+    assert "'nope.png'" in report and "'gone.md'" in report and "'img/x.png'" in report
+
+
 def test_checker_finds_broken_anchor(repo: Path) -> None:
     errors = _check(
         repo,
@@ -442,5 +456,5 @@ def test_runnable_blocks_run(repo: Path) -> None:
     assert [w for w, _ in found] == ["README.md:4", "docs/fail.md:2"]
     assert run_block(found[0][1].code, repo) is None
     assert "exit status 1" in (run_block(found[1][1].code, repo) or "")
-    assert "did not finish" in (run_block("sleep 5", repo, timeout=0.5) or "")
+    assert "did not finish" in (run_block("sleep 5 & sleep 5; wait", repo, timeout=0.5) or "")
     assert run_block(f"{sys.executable} -c 'import sys; sys.exit(3)'", repo) is not None
