@@ -19,7 +19,8 @@ HTML comments is not checked, except for the runnable blocks of rule 4.
    a ``.c``/``.h`` path may also be relative to ``csrc/``, ``csrc/include/`` or
    ``csrc/include/xccl/``, as the sources include them: ``algo/algo.h``). A ``:123`` line
    suffix is ignored. Spans with spaces, ``$``, ``~``, a leading ``/`` or ``://`` are not
-   paths (commands, variables, system paths, URLs) and are not checked.
+   paths (commands, variables, system paths, URLs) and are not checked. A file of another
+   project is written with that project's name first, ``nccl:src/proxy.cc``: not checked.
 3. **Functions.** A function (or macro, or type) is named in one of two ways, and then must be
    defined or declared in that file:
 
