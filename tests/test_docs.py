@@ -26,7 +26,8 @@ HTML comments is not checked, except for the runnable blocks of rule 4.
 
    - a code span ``path: name`` (or ``path: name()``), e.g. ``csrc/core/coll.c: coll_post``,
      with the path as in rule 2;
-   - a link whose whole text is one code span naming an identifier, with a ``.c``, ``.h`` or
+   - a link whose whole text is one code span naming an identifier (other than the target's
+     own file name, ``[`coll.c`](../csrc/core/coll.c)``), with a ``.c``, ``.h`` or
      ``.py`` target, e.g. ``[`coll_post`](../csrc/core/coll.c)`` (target as in rule 1).
 
    In C, "defined or declared" means a line that starts in column 0 (not a comment or a
@@ -214,6 +215,11 @@ def resolve_repo_path(token: str, root: Path) -> Path | None | bool:
     return None
 
 
+def path_name(target: str) -> str:
+    """The file name a link target points at (``../csrc/core/coll.c#L3`` -> ``coll.c``)."""
+    return target.split("#", 1)[0].rstrip("/").rsplit("/", 1)[-1]
+
+
 def check_markdown(page: Path, root: Path = ROOT) -> list[str]:
     """Every broken link, anchor, path and function name on one page (rules 1-3)."""
     text = page.read_text(encoding="utf-8")
@@ -257,7 +263,8 @@ def check_markdown(page: Path, root: Path = ROOT) -> list[str]:
             path = check_target(m.group(3), m.start())
             label = text[m.start(2) : m.end(2)].strip()
             fm = re.fullmatch(r"`([A-Za-z_][\w.]*)(?:\(\))?`", label)
-            if path is not None and fm and path.suffix in FUNC_EXTS and path.is_file():
+            is_name = fm is not None and fm.group(1) != path_name(m.group(3))  # not [`a.c`](a.c)
+            if path is not None and is_name and path.suffix in FUNC_EXTS and path.is_file():
                 if not defines(path, fm.group(1)):
                     errors.append(
                         f"{where(m.start())}: {fm.group(1)} is not defined or "
@@ -388,7 +395,8 @@ def test_checker_accepts_good_references(repo: Path) -> None:
         "`csrc/core/coll.c:12`, `make -C tests/c`, `env://`, `/dev/shm`, `lo/hi`.\n"
         "Functions: `csrc/core/coll.c: coll_post`, `csrc/core/coll.c: coll_wait()`,\n"
         "`algo/algo.h: algo_find`, [`COLL_MAX`](../csrc/core/coll.c), [`coll_t`]"
-        "(../csrc/core/coll.c), [`Work.wait`](../python/mod.py), [`LIMIT`](../python/mod.py).\n"
+        "(../csrc/core/coll.c), [`Work.wait`](../python/mod.py), [`LIMIT`](../python/mod.py),\n"
+        "[`coll.c`](../csrc/core/coll.c) and [`mod.py`](../python/mod.py) (file names).\n"
         "A link [wrapped over\ntwo lines](https://example.com/x) and `[not](a-link.md)`.\n\n"
         "```bash\ncat [no](link.md) `csrc/nothing.c`\n```\n<!-- [hidden](missing.md) -->\n"
     )
