@@ -352,6 +352,14 @@ def test_runnable_block(where: str, block: Block) -> None:
     assert error is None, f"{where}: {error}\n{block.code}"
 
 
+def test_readme_links_every_docs_page() -> None:
+    """A page nobody links to is a page nobody finds: the README links each one."""
+    readme = (ROOT / "README.md").read_text()
+    linked = {path_name(m.group(3)) for m in _LINK.finditer(readme) if "docs/" in m.group(3)}
+    pages = {p.name for p in (ROOT / "docs").glob("*.md")}
+    assert pages <= linked, f"not linked from README.md: {sorted(pages - linked)}"
+
+
 def test_some_block_is_runnable() -> None:
     assert runnable_blocks(), f"no {RUN_MARKER} block in README.md or docs/"
 
