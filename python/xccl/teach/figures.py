@@ -127,7 +127,8 @@ def algorithm_figures(out: str, nprocs: int = 4, count: int = 16,
     import matplotlib.pyplot as plt
 
     from xccl.launch import launch
-    from xccl.trace import Trace, chunk_unit
+    from xccl.teach import plots
+    from xccl.trace import chunk_unit
 
     flat = [p for p in ALGO_FIGURES if p not in SPLIT_HOSTS | SMALL_CHUNKS]
     split = [p for p in ALGO_FIGURES if p in SPLIT_HOSTS]
@@ -144,10 +145,13 @@ def algorithm_figures(out: str, nprocs: int = 4, count: int = 16,
     paths = []
     for coll, algo in ALGO_FIGURES:
         how = ", 2 hosts" if (coll, algo) in SPLIT_HOSTS else ""
-        recs = records[(coll, algo)]
+        # in a fixed order (Trace.plot_schedule would sort them by time), so that overlapping
+        # arrows are drawn alike and the file is the same from run to run
+        recs = sorted(records[(coll, algo)], key=lambda r: tuple(
+            str(r.get(k)) for k in ("kind", "rank", "step", "src", "dst", "offset", "nbytes")))
         how += f"; chunk c = {chunk_unit([r for r in recs if r['kind'] == 'send'])} B"
-        fig = Trace.from_records(recs).plot_schedule(
-            title=f"{coll} {algo}: {count} float32, {nprocs} ranks{how} (traced)")
+        fig = plots.plot_schedule(
+            recs, title=f"{coll} {algo}: {count} float32, {nprocs} ranks{how} (traced)")
         width, height = fig.get_size_inches()
         if width < 5:  # one or two panels: room for the title
             fig.set_size_inches(5, height)
