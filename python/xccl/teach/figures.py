@@ -34,21 +34,37 @@ ALGO_FIGURES: tuple[tuple[str, str], ...] = (
     ("all_reduce", "rd"),
     ("all_reduce", "rabenseifner"),
     ("all_reduce", "direct"),
+    ("all_reduce", "owner"),
     ("all_reduce", "hier"),
     ("all_reduce", "hier_rs"),
     ("broadcast", "binomial"),
+    ("broadcast", "linear"),
     ("broadcast", "scatter_allgather"),
     ("broadcast", "chain"),
+    ("broadcast", "hier"),
+    ("reduce", "binomial"),
+    ("reduce", "linear"),
     ("all_gather", "ring"),
     ("all_gather", "rd"),
     ("all_gather", "bruck"),
+    ("all_gather", "direct"),
+    ("gather", "binomial"),
+    ("gather", "linear"),
+    ("scatter", "binomial"),
+    ("scatter", "linear"),
     ("reduce_scatter", "ring"),
     ("reduce_scatter", "rhd"),
+    ("reduce_scatter", "direct"),
+    ("reduce_scatter", "owner"),
     ("all_to_all", "pairwise"),
     ("all_to_all", "bruck"),
     ("all_to_all", "linear"),
+    ("all_to_all_v", "pairwise"),
+    ("all_to_all_v", "linear"),
+    ("barrier", "dissemination"),
+    ("barrier", "linear"),
 )
-SPLIT_HOSTS = {("all_reduce", "hier"), ("all_reduce", "hier_rs")}
+SPLIT_HOSTS = {("all_reduce", "hier"), ("all_reduce", "hier_rs"), ("broadcast", "hier")}
 # the pipelined chain in chunks of 16 B (4 float32), so that 16 floats make 4 chunks
 SMALL_CHUNKS = {("broadcast", "chain")}
 ALGO_DPI = 72
@@ -91,6 +107,20 @@ def _run_one(coll: str, algo: str, count: int) -> None:
         xccl.reduce_scatter(np.empty(count // n, np.float32), list(x.reshape(n, -1)), algo=algo)
     elif coll == "all_to_all":
         xccl.all_to_all_single(np.empty_like(x), x, algo=algo)
+    elif coll == "reduce":
+        xccl.reduce(x, dst=0, algo=algo)
+    elif coll == "gather":
+        blocks = [np.empty(count // n, np.float32) for _ in range(n)] if rank == 0 else None
+        xccl.gather(x[:count // n], blocks, dst=0, algo=algo)
+    elif coll == "scatter":
+        blocks = list(x.reshape(n, -1)) if rank == 0 else None
+        xccl.scatter(np.empty(count // n, np.float32), blocks, src=0, algo=algo)
+    elif coll == "all_to_all_v":  # rank r sends r + 1 elements to every rank
+        ins, outs = [rank + 1] * n, [q + 1 for q in range(n)]
+        xccl.all_to_all_single(np.empty(sum(outs), np.float32), x[:sum(ins)], outs, ins,
+                               algo=algo)
+    elif coll == "barrier":
+        xccl.barrier(algo=algo)
     else:
         raise ValueError(f"no schedule figure for {coll}")
 
