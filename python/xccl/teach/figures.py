@@ -5,8 +5,9 @@
 - ``ring_allreduce_schedule.png``: a traced ring all-reduce of 16 floats on 4 ranks, one
   panel per step (who sends which chunk to whom; filled ranks reduced in that step);
 - ``schedule_<collective>_<algorithm>.png`` (see ``ALGO_FIGURES``): the same picture for
-  the other main algorithms of docs/algorithms.md, each traced on 4 ranks; ``hier`` and
-  ``hier_rs`` on one machine split into two "hosts" of two ranks with ``$XCCL_HOST_ID``;
+  every other algorithm of docs/algorithms.md, each traced on 4 ranks; the ``hier``
+  algorithms and ``hier_rs`` on one machine split into two "hosts" of two ranks with
+  ``$XCCL_HOST_ID``;
 - ``allreduce_predicted_vs_measured.png``: all-reduce times of ring, recursive doubling and
   recursive halving-doubling (Rabenseifner) on 4 ranks from 64 B to 4 MiB, against the α-β
   model fitted to those measurements, with the predicted crossover marked.
