@@ -37,8 +37,9 @@ HTML comments is not checked, except for the runnable blocks of rule 4.
    ``Class.method`` is checked by its last part. A link text that is not an identifier (a
    path, a call with arguments) is not a function reference.
 4. **Runnable blocks.** A fenced ``bash`` block directly after a line ``<!-- docs:run -->``
-   runs with ``bash -eo pipefail`` from the repository root, with ``python/`` on
-   ``PYTHONPATH``, and must exit 0 within ``RUN_TIMEOUT_S``. Mark only fast commands without
+   runs with ``bash -eo pipefail`` from the repository root, importing the same ``xccl`` as
+   this suite (its directory first on ``PYTHONPATH``), and must exit 0 within
+   ``RUN_TIMEOUT_S``. Mark only fast commands without
    side effects (no installs, no files written); the quick start and the test command are
    run by CI already and must not be marked. A marker not followed by a ``bash`` fence is an
    error.
@@ -50,6 +51,7 @@ each rule is seen to fail.
 from __future__ import annotations
 
 import glob
+import importlib.util
 import os
 import re
 import signal
@@ -298,9 +300,11 @@ def check_markdown(page: Path, root: Path = ROOT) -> list[str]:
 def run_block(code: str, root: Path = ROOT, timeout: float = RUN_TIMEOUT_S) -> str | None:
     """Rule 4: None if the block exits 0 in time, else what went wrong."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(root / "python"), env.get("PYTHONPATH")) if p
-    )
+    # the xccl this suite tests (installed, or the tree's python/ on PYTHONPATH), not whatever
+    # python/ holds: a fresh clone's python/xccl has no built extension
+    spec = importlib.util.find_spec("xccl")
+    pkg_dir = str(Path(spec.origin).parent.parent) if spec and spec.origin else None
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_dir, env.get("PYTHONPATH")) if p)
     # its own session, so that a timeout ends everything the block started
     proc = subprocess.Popen(
         ["bash", "-eo", "pipefail", "-c", code],
