@@ -127,9 +127,10 @@ def body_ask(rank, world_size):
         work.wait()
         return float(buf[0])
     if rank == 2:
+        _done("idle")  # past its barrier (rank 0 may finish its part of it first)
         _wait_for("asked")  # in Python: answers from the progress thread
         return None
-    _wait_for("posted")
+    _wait_for("posted", "idle")
     t0 = time.monotonic()
     table = xccl.debug.ask_ranks(wait=30.0)
     waited = time.monotonic() - t0
