@@ -65,6 +65,19 @@ static PyObject *algo_info_dict(const xccl_algo_info_t *a)
                          a->chosen ? Py_True : Py_False);
 }
 
+/* A list of algo_info_dict, one per entry of info[0..n). */
+static PyObject *algo_info_list(const xccl_algo_info_t *info, int n)
+{
+    PyObject *list = PyList_New(n);
+
+    for (int i = 0; list != NULL && i < n; i++) {
+        PyObject *d = algo_info_dict(&info[i]);
+        if (d == NULL) Py_CLEAR(list);
+        else PyList_SET_ITEM(list, i, d);
+    }
+    return list;
+}
+
 PyObject *xccl_py_explain(PyObject *module, PyObject *args, PyObject *kwds)
 {
     static char     *kwlist[] = {"coll", "nbytes", "size", "model", NULL};
@@ -73,7 +86,6 @@ PyObject *xccl_py_explain(PyObject *module, PyObject *args, PyObject *kwds)
     Py_ssize_t       nbytes;
     int              size, n = 0, given;
     PyObject        *model_obj = Py_None;
-    PyObject        *list;
     double           model[3];
     xccl_algo_info_t info[EXPLAIN_MAX];
     xccl_status_t    st;
@@ -92,16 +104,7 @@ PyObject *xccl_py_explain(PyObject *module, PyObject *args, PyObject *kwds)
     if ((given = parse_model(model_obj, model)) < 0) return NULL;
     st = xccl_explain(coll, (size_t)nbytes, size, given ? model : NULL, info, EXPLAIN_MAX, &n);
     if (st != XCCL_OK) return xccl_py_raise_last(state, st);
-    if ((list = PyList_New(n)) == NULL) return NULL;
-    for (int i = 0; i < n; i++) {
-        PyObject *d = algo_info_dict(&info[i]);
-        if (d == NULL) {
-            Py_DECREF(list);
-            return NULL;
-        }
-        PyList_SET_ITEM(list, i, d);
-    }
-    return list;
+    return algo_info_list(info, n);
 }
 
 PyObject *xccl_py_default_model(PyObject *module, PyObject *unused)
@@ -303,7 +306,6 @@ PyObject *xccl_py_comm_explain(PyObject *self, PyObject *args)
     const char        *coll;
     unsigned long long nbytes;
     xccl_algo_info_t   info[EXPLAIN_MAX];
-    PyObject          *list;
     int                n = 0;
     xccl_status_t      st;
 
@@ -311,14 +313,5 @@ PyObject *xccl_py_comm_explain(PyObject *self, PyObject *args)
     if ((comm = live(self, "explain")) == NULL) return NULL;
     st = xccl_comm_explain(comm, coll, (size_t)nbytes, info, EXPLAIN_MAX, &n);
     if (st != XCCL_OK) return xccl_py_raise_last(xccl_py_state_of(self), st);
-    if ((list = PyList_New(n)) == NULL) return NULL;
-    for (int i = 0; i < n; i++) {
-        PyObject *d = algo_info_dict(&info[i]);
-        if (d == NULL) {
-            Py_DECREF(list);
-            return NULL;
-        }
-        PyList_SET_ITEM(list, i, d);
-    }
-    return list;
+    return algo_info_list(info, n);
 }
