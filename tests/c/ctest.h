@@ -11,6 +11,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "xccl/xccl.h"
+
 static int ctest_failures;
 static int ctest_checks;
 
@@ -39,6 +41,29 @@ static int ctest_checks;
         printf("%s: %d checks, %d failed\n", (name), ctest_checks, ctest_failures);      \
         return ctest_failures != 0;                                                      \
     } while (0)
+
+/* A communicator of `size` ranks meeting through the file store at `path` (NULL when creation
+ * failed, the reason printed). `transports` NULL: the default choice. */
+static inline xccl_comm_t *ctest_file_comm(const char *path, int rank, int size,
+                                           int64_t timeout_ms, const char *name,
+                                           const char *transports)
+{
+    xccl_store_t      *store = NULL;
+    xccl_comm_t       *comm  = NULL;
+    xccl_comm_config_t cfg   = {0};
+
+    if (xccl_store_file_create(path, size, 20000, &store) != XCCL_OK) return NULL;
+    cfg.rank       = rank;
+    cfg.size       = size;
+    cfg.store      = store;
+    cfg.timeout_ms = timeout_ms;
+    cfg.name       = name;
+    cfg.transports = transports;
+    if (xccl_comm_create(&cfg, &comm) != XCCL_OK)
+        fprintf(stderr, "rank %d: comm create: %s\n", rank, xccl_last_error());
+    xccl_store_release(store);
+    return comm;
+}
 
 /* Runs child(rank, size, arg) in `size` forked processes (at most 64) and waits for them all;
  * each one that does not exit with status 0 is reported, labelled `what`, and counted.

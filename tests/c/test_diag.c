@@ -29,20 +29,8 @@ static double now_s(void)
 
 static xccl_comm_t *make_comm(int rank, int size)
 {
-    xccl_store_t      *store = NULL;
-    xccl_comm_t       *comm  = NULL;
-    xccl_comm_config_t cfg   = {0};
-
-    if (xccl_store_file_create(store_path, size, 20000, &store) != XCCL_OK) return NULL;
-    cfg.rank       = rank;
-    cfg.size       = size;
-    cfg.store      = store;
-    cfg.timeout_ms = 2000; /* bootstrap, and the p2p receive below */
-    cfg.name       = "diag";
-    if (xccl_comm_create(&cfg, &comm) != XCCL_OK)
-        fprintf(stderr, "rank %d: comm create: %s\n", rank, xccl_last_error());
-    xccl_store_release(store);
-    return comm;
+    /* the timeout covers the bootstrap and the p2p receive below */
+    return ctest_file_comm(store_path, rank, size, 2000, "diag", NULL);
 }
 
 /* Waits for *w (read after the post call set it) and releases it; its error text into err. */

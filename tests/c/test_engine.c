@@ -87,21 +87,7 @@ static double now_s(void)
 
 static xccl_comm_t *make_comm_tp(int rank, int size, const char *transports)
 {
-    xccl_store_t      *store = NULL;
-    xccl_comm_t       *comm  = NULL;
-    xccl_comm_config_t cfg   = {0};
-
-    if (xccl_store_file_create(store_path, size, 20000, &store) != XCCL_OK) return NULL;
-    cfg.rank       = rank;
-    cfg.size       = size;
-    cfg.store      = store;
-    cfg.timeout_ms = 60000;
-    cfg.name       = "engine";
-    cfg.transports = transports;
-    if (xccl_comm_create(&cfg, &comm) != XCCL_OK)
-        fprintf(stderr, "rank %d: comm create: %s\n", rank, xccl_last_error());
-    xccl_store_release(store);
-    return comm;
+    return ctest_file_comm(store_path, rank, size, 60000, "engine", transports);
 }
 
 static xccl_comm_t *make_comm(int rank, int size)

@@ -90,21 +90,7 @@ static char store_path[256];
 
 static xccl_comm_t *comm_new(int rank, int size)
 {
-    xccl_store_t      *store = NULL;
-    xccl_comm_t       *comm  = NULL;
-    xccl_comm_config_t cfg   = {0};
-
-    if (xccl_store_file_create(store_path, size, 20000, &store) != XCCL_OK) return NULL;
-    cfg.rank       = rank;
-    cfg.size       = size;
-    cfg.store      = store;
-    cfg.timeout_ms = 20000;
-    cfg.name       = "exec";
-    cfg.transports = "devtcp";
-    if (xccl_comm_create(&cfg, &comm) != XCCL_OK)
-        fprintf(stderr, "rank %d: comm create: %s\n", rank, xccl_last_error());
-    xccl_store_release(store);
-    return comm;
+    return ctest_file_comm(store_path, rank, size, 20000, "exec", "devtcp");
 }
 
 /* Small integers: float32 sums of them are exact in any order. */
