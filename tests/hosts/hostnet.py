@@ -309,7 +309,11 @@ def stale_cleanup() -> int:
 
 # Runs as the command of `unshare --pid --fork`: the shell is PID 1 of the host's PID namespace
 # until it execs the launcher, which then is. The host name and a private /dev/shm first.
-_HOST_SHELL = 'hostname "$1" && mount -t tmpfs -o mode=1777 xhshm /dev/shm && shift && exec "$@"'
+# /etc/hosts of the run (every host's name and address) is bind-mounted over the machine's.
+_HOST_SHELL = (
+    'hostname "$1" && mount -t tmpfs -o mode=1777 xhshm /dev/shm && '
+    'mount --bind "$XH_CTL/hosts" /etc/hosts && shift && exec "$@"'
+)
 
 
 def agent(argv: Sequence[str]) -> int:
@@ -423,6 +427,12 @@ class Job:
         """Starts every host's launcher (each in a session of its own)."""
         ns = self.ns
         shared_key = secrets.token_hex(32)
+        with open(os.path.join(self.ctl, "hosts"), "w") as f:
+            f.write("127.0.0.1 localhost\n::1 localhost\n")
+            f.writelines(f"{Hosts.addr(i)} host{i}\n" for i in range(ns.hosts))
+        os.chmod(self.ctl, 0o755)
+        note(f"run {self.hosts.run_id}: {ns.hosts} host(s), ranks {ns.ranks_per_host}, "
+             f"XH_CTL={self.ctl}")
         for i in range(ns.hosts):
             env = dict(os.environ)
             env["XCCL_AUTH_KEY"] = secrets.token_hex(32) if ns.mismatched_keys else shared_key

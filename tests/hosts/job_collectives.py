@@ -320,7 +320,9 @@ def main() -> None:
     # subgroups: every host alone (inside one host), and one spanning hosts (first two ranks of
     # host 0 with the last rank of the last host); new_group is collective over the world
     starts = [sum(per_host[:h]) for h in range(len(per_host))]
-    host_groups = [xccl.new_group(list(range(s, s + n))) for s, n in zip(starts, per_host)]
+    host_groups = [
+        xccl.new_group(list(range(s, s + n))) for s, n in zip(starts, per_host, strict=True)
+    ]
     span_ranks = sorted({0, min(1, per_host[0] - 1), world - 1})
     span = xccl.new_group(span_ranks)
     mine = host_of(me, per_host)
