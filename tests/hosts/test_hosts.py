@@ -259,6 +259,18 @@ def test_same_secret_job_starts():
     assert sorted(res.lines("XH-OK")) == ["0", "1"]
 
 
+def test_rate_shapes_the_link():
+    """--rate 40mbit (5 MB/s): 2 MB from host 0 to host 1 cannot arrive faster than the token
+    bucket lets it (burst 256 KiB): a lower bound only, which no slowness can break."""
+    nbytes = 2_000_000
+    res = run_hosts(["--hosts", "2", "--ranks-per-host", "1", "--rate", "40mbit"],
+                    "job_init.py", ("--p2p-bytes", str(nbytes)))
+    assert res.rc == 0, res.why()
+    (secs,) = [float(x) for x in res.lines("XH-P2P")]
+    floor = (nbytes - 256 * 1024) / 5e6
+    assert secs >= 0.9 * floor, (secs, floor)
+
+
 # --------------------------------------------------------------------------- failures
 
 
@@ -288,10 +300,10 @@ def test_harness_timeout_kills_a_hung_rank():
     """A rank that hangs (and ignores SIGTERM): --timeout ends the job with 124 and the
     harness leaves nothing behind (run_hosts checks)."""
     t0 = time.monotonic()
-    res = run_hosts(["--hosts", "2", "--ranks-per-host", "1", "--timeout", "20",
+    res = run_hosts(["--hosts", "2", "--ranks-per-host", "1", "--timeout", "8",
                      "--grace", "2"], "job_hang.py")
     assert res.rc == 124, res.why()
-    assert "timeout after 20 s" in res.err, res.why()
+    assert "timeout after 8 s" in res.err, res.why()
     assert time.monotonic() - t0 < 120
 
 
