@@ -17,7 +17,8 @@ In every host one process runs, as PID 1 of the host's PID namespace:
 
 All ranks get one random ``XCCL_AUTH_KEY`` (``--mismatched-keys``: one per host, to test the
 refusal), ``XH_HOST``/``XH_HOSTS``/``XH_RANKS_PER_HOST`` and ``XH_CTL`` (a directory shared by
-all hosts: a script creates ``$XH_CTL/arm`` to start the ``--link-down`` clock). PYTHONPATH
+all hosts: a script creates ``$XH_CTL/arm`` to start the clock of ``--link-down`` and
+``--kill-host``). PYTHONPATH
 and the rest of the environment pass through.
 
 The exit status is the job's: 0 when every host's launcher exited 0, else the first failing
@@ -144,6 +145,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="take HOST's link down SECONDS after the job creates $XH_CTL/arm",
     )
     p.add_argument(
+        "--kill-host",
+        type=_link_down,
+        default=None,
+        metavar="HOST:SECONDS",
+        help="SIGKILL every process of HOST SECONDS after the job creates $XH_CTL/arm "
+        "(a host that crashes)",
+    )
+    p.add_argument(
         "--mismatched-keys",
         action="store_true",
         help="give every host a different XCCL_AUTH_KEY (the job must fail at init)",
@@ -179,8 +188,9 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
             ns.rate_bits = rate_bits(ns.rate)
         except argparse.ArgumentTypeError as e:
             p.error(str(e))
-    if ns.link_down is not None and ns.link_down[0] >= ns.hosts:
-        p.error(f"--link-down host {ns.link_down[0]} is not one of 0..{ns.hosts - 1}")
+    for opt, val in (("--link-down", ns.link_down), ("--kill-host", ns.kill_host)):
+        if val is not None and val[0] >= ns.hosts:
+            p.error(f"{opt} host {val[0]} is not one of 0..{ns.hosts - 1}")
     if ns.timeout <= 0 or ns.grace < 0:
         p.error("--timeout must be > 0 and --grace >= 0")
     if ns.hosts > 200:
@@ -260,6 +270,14 @@ class Hosts:
     def link_down(self, i: int) -> None:
         """Cuts host ``i``'s cable: its bridge port goes down (no RST, packets are dropped)."""
         _ip("-n", self.bridge_ns, "link", "set", f"h{i}", "down")
+
+    def kill_host(self, i: int) -> None:
+        """SIGKILLs every process of host ``i`` (its sockets close: peers see the crash)."""
+        for p in ns_pids(self.host_ns[i]):
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
     def kill_all(self) -> None:
         """SIGKILLs every process left in the hosts' network namespaces until none is left."""
@@ -478,7 +496,9 @@ class Job:
         start = time.monotonic()
         deadline = start + ns.timeout
         armed_at: Optional[float] = None
-        link_done = False
+        # (what, host, seconds after arm) still to do
+        events = [(what, *val) for what, val in (("link-down", ns.link_down),
+                                                 ("kill-host", ns.kill_host)) if val]
         failed_at: Optional[float] = None
         first: Optional[int] = None
         while True:
@@ -493,7 +513,8 @@ class Job:
                 if c not in (None, 0) and first is None:
                     first = c
                     failed_at = now
-                    note(f"host{i} failed (status {c}); the other hosts get {ns.grace:g} s")
+                    what = f"status {c}" if c > 0 else f"killed by {signal.Signals(-c).name}"
+                    note(f"host{i} failed ({what}); the other hosts get {ns.grace:g} s")
             if all(c is not None for c in codes):
                 return 0 if first is None else (128 - first if first < 0 else first)
             if failed_at is not None and now - failed_at > ns.grace:
@@ -505,13 +526,18 @@ class Job:
                 note(f"timeout after {ns.timeout:g} s: stopping {', '.join(alive)}")
                 self.stop(signal.SIGTERM)
                 return 124
-            if ns.link_down is not None and not link_done:
-                if armed_at is None and os.path.exists(os.path.join(self.ctl, "arm")):
-                    armed_at = now
-                if armed_at is not None and now - armed_at >= ns.link_down[1]:
-                    self.hosts.link_down(ns.link_down[0])
-                    note(f"host{ns.link_down[0]}'s link is down")
-                    link_done = True
+            if events and armed_at is None and os.path.exists(os.path.join(self.ctl, "arm")):
+                armed_at = now
+            for ev in list(events) if armed_at is not None else []:
+                what, host, secs = ev
+                if now - armed_at >= secs:  # type: ignore[operator]
+                    events.remove(ev)
+                    if what == "link-down":
+                        self.hosts.link_down(host)
+                        note(f"host{host}'s link is down")
+                    else:
+                        self.hosts.kill_host(host)
+                        note(f"host{host}'s processes were killed (SIGKILL)")
             time.sleep(0.05)
 
     def close(self) -> None:

@@ -1,8 +1,8 @@
-"""Job script for ``run.sh --link-down HOST:SECONDS``: after init every rank creates
-``$XH_CTL/arm`` (which starts the harness's clock) and runs all_reduce calls, each checked
-against numpy, until one fails. The failing call's exception is printed as one line
-``XH-ERROR <json>`` (rank, host, exception type, message, seconds the call took); the rank
-then exits with status 3. A rank whose calls all succeed for ``--max-seconds`` exits 4."""
+"""Job script for ``run.sh --link-down HOST:SECONDS`` and ``--kill-host``: after init every
+rank creates ``$XH_CTL/arm`` (which starts the harness's clock) and runs all_reduce calls,
+each checked against numpy, until one fails. The failing call's exception is printed as one
+line ``XH-ERROR <json>`` (rank, host, exception type, message, seconds the call took); the
+rank then exits with status 3. A rank whose calls all succeed for ``--max-seconds`` exits 4."""
 
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 # tests/hosts/run.sh: run a Python script as one xccl job over H "hosts" on this machine.
 #
 #   tests/hosts/run.sh --hosts H --ranks-per-host R[,R1,...] [--rate 1gbit] [--timeout S]
-#                      [--grace S] [--link-down HOST:SECONDS] [--mismatched-keys] [--decoy]
+#                      [--grace S] [--link-down HOST:SECONDS] [--kill-host HOST:SECONDS]
+#                      [--mismatched-keys] [--decoy]
 #                      [--port P] -- SCRIPT [ARGS...]
 #   tests/hosts/run.sh --cleanup        # remove namespaces left by a harness killed with SIGKILL
 #

@@ -296,6 +296,23 @@ def test_link_down_mid_collective_names_the_unreachable_peers():
             or "from rank 3" in e["msg"], e
 
 
+def test_host_crash_mid_collective_names_the_dead_peer():
+    """Every process of host 1 is SIGKILLed while all ranks loop over all_reduce: the kernel
+    closes their sockets, so host 0's ranks fail at once (long before the 60 s timeout) with
+    a connection error naming a rank of host 1 and its address."""
+    res = run_hosts(["--hosts", "2", "--ranks-per-host", "2", "--kill-host", "1:1",
+                     "--grace", "60"], "job_linkdown.py", ("--timeout", "60"))
+    assert "host1's processes were killed" in res.err, res.why()
+    assert res.rc == 137, res.why()  # host 1's launcher died of SIGKILL: 128 + 9
+    errors = {e["rank"]: e for e in res.json("XH-ERROR")}
+    assert set(errors) == {0, 1}, res.why()
+    for e in errors.values():
+        assert e["type"] == "XcclConnectionError", e
+        assert e["calls"] > 0, e
+        assert e["call_s"] < 30, e
+        assert re.search(r"rank [23] \(10\.99\.0\.2:\d+\)", e["msg"]), e
+
+
 def test_harness_timeout_kills_a_hung_rank():
     """A rank that hangs (and ignores SIGTERM): --timeout ends the job with 124 and the
     harness leaves nothing behind (run_hosts checks)."""
