@@ -2,7 +2,9 @@
 rank creates ``$XH_CTL/arm`` (which starts the harness's clock) and runs all_reduce calls,
 each checked against numpy, until one fails. The failing call's exception is printed as one
 line ``XH-ERROR <json>`` (rank, host, exception type, message, seconds the call took); the
-rank then exits with status 3. A rank whose calls all succeed for ``--max-seconds`` exits 4."""
+rank then exits with status 3. A rank whose calls all succeed for ``--max-seconds`` exits 4.
+With ``--arm-before-init`` the clock starts before init instead (a link that is down while
+the job starts): an error of init_process_group is reported the same way."""
 
 from __future__ import annotations
 
@@ -24,7 +26,23 @@ def main() -> None:
     ap.add_argument("--max-seconds", type=float, default=120.0)
     ap.add_argument("--count", type=int, default=1 << 16)
     ap.add_argument("--algo", default=None)
+    ap.add_argument("--arm-before-init", action="store_true")
     args = ap.parse_args()
+    if args.arm_before_init:
+        pathlib.Path(os.environ["XH_CTL"], "arm").touch()
+        time.sleep(1.0)  # --link-down HOST:0 acts within the harness's 50 ms poll
+        t0 = time.monotonic()
+        try:
+            xccl.init_process_group("auto", timeout=args.timeout)
+            xccl.barrier()
+        except Exception as e:  # noqa: BLE001
+            info = {"rank": int(os.environ["RANK"]), "host": socket.gethostname(),
+                    "type": type(e).__name__, "msg": str(e), "call_s": time.monotonic() - t0,
+                    "calls": 0}
+            print("XH-ERROR " + json.dumps(info), flush=True)
+            os._exit(3)
+        print(f"XH-NOERROR {xccl.get_rank()} at init", flush=True)
+        os._exit(4)
     xccl.init_process_group("auto", timeout=args.timeout)
     rank, world = xccl.get_rank(), xccl.get_world_size()
     xccl.barrier()

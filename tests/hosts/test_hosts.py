@@ -219,8 +219,10 @@ def test_collectives_two_hosts_of_two(tmp_path):
 def test_collectives_uneven_hosts():
     """3 ranks on one host and 1 on the other (started as srun would start them): the lone
     rank reaches everyone through TCP and picks the same algorithms as the others (it did
-    not: see test_hier.py::test_lone_rank_on_its_host_chooses_like_the_others)."""
-    res = run_hosts(["--hosts", "2", "--ranks-per-host", "3,1"], "job_collectives.py")
+    not: see test_hier.py::test_lone_rank_on_its_host_chooses_like_the_others). The decoy
+    interfaces are excluded by XCCL_SOCKET_IFNAME=^decoy (the exclusion form)."""
+    res = run_hosts(["--hosts", "2", "--ranks-per-host", "3,1", "--decoy"],
+                    "job_collectives.py", env={"XCCL_SOCKET_IFNAME": "^decoy"})
     results = check_results(res, [3, 1])
     assert set(results[3]["transports"].values()) == {"self", "tcp"}
     assert "mesh" not in results[0]
@@ -250,6 +252,22 @@ def test_hosts_with_different_job_secrets_fail_at_init():
     log = "\n".join(res.rank_lines(1))
     assert re.search(r"XcclAuthError: TCP store 10\.99\.0\.1:\d+: authentication failed: "
                      r".*failed authentication \(wrong key\?\)", log), res.why()
+
+
+def test_two_runs_side_by_side():
+    """Names carry a run id: two runs at once (each with its own store on its host 0, the
+    same port and addresses in separate namespaces) both work."""
+    cmd = ["bash", str(RUN), "--hosts", "2", "--ranks-per-host", "1", "--",
+           str(HERE / "job_init.py")]
+    procs = [subprocess.Popen(cmd, env=job_env(), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=240) for p in procs]
+    for p, (out, err) in zip(procs, outs, strict=True):
+        res = Result(p.returncode, out, err)
+        assert res.rc == 0, res.why()
+        assert sorted(res.lines("XH-OK")) == ["0", "1"]
+        assert_clean(res.run_id, res.ctl)
+    assert Result(0, "", outs[0][1]).run_id != Result(0, "", outs[1][1]).run_id
 
 
 def test_same_secret_job_starts():
@@ -294,6 +312,23 @@ def test_link_down_mid_collective_names_the_unreachable_peers():
         assert re.search(r"rank [23]\b|ranks 2-3", e["msg"]), e
         assert "ranks 2-3: no answer" in e["msg"] or "from rank 2" in e["msg"] \
             or "from rank 3" in e["msg"], e
+
+
+def test_link_down_at_init_fails_within_the_timeout():
+    """Host 1 has no link while the job starts: its rank cannot reach the store on host 0,
+    host 0's rank waits for a worker that never comes; both fail within the 10 s timeout
+    (with slack for a loaded machine) with errors that say what they waited for."""
+    res = run_hosts(["--hosts", "2", "--ranks-per-host", "1", "--link-down", "1:0",
+                     "--grace", "60"], "job_linkdown.py", ("--timeout", "10", "--arm-before-init"))
+    assert res.rc == 3, res.why()
+    errors = {e["rank"]: e for e in res.json("XH-ERROR")}
+    assert set(errors) == {0, 1}, res.why()
+    for e in errors.values():
+        assert e["call_s"] < 10 + 20, e
+    assert errors[1]["type"] == "XcclTimeoutError", errors[1]
+    assert re.search(r"connect to 10\.99\.0\.1:\d+ timed out", errors[1]["msg"]), errors[1]
+    assert errors[0]["type"] == "XcclTimeoutError", errors[0]
+    assert "only 1 of 2 workers connected" in errors[0]["msg"], errors[0]
 
 
 def test_host_crash_mid_collective_names_the_dead_peer():
