@@ -25,13 +25,16 @@ The exit status is the job's: 0 when every host's launcher exited 0, else the fi
 host's status; 124 when ``--timeout`` expired. Whatever happens (success, failure, Ctrl-C,
 SIGTERM, SIGHUP, timeout, an exception here), every process in the hosts is killed and every
 namespace (and with it every veth, the bridge and the qdiscs) is deleted before exit.
-Only SIGKILL of this process itself leaves the namespaces behind: ``run.sh --cleanup``
-removes those of runs whose harness is gone.
+Only SIGKILL of this process itself leaves something behind: its processes still die (the
+parent-death signal), but the namespaces stay until ``run.sh --cleanup`` removes those of
+runs whose harness is gone (runs in progress are left alone).
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import glob
 import os
 import re
 import secrets
@@ -306,20 +309,48 @@ class Hosts:
         return failed
 
 
+REGISTRY = "/run/xccl-hosts"  # <run id>: the pid of the harness that owns those namespaces
+
+
+def _owner_alive(run_id: str) -> bool:
+    try:
+        pid = int(open(os.path.join(REGISTRY, run_id)).read())
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"hostnet.py" in f.read()
+    except (OSError, ValueError):
+        return False
+
+
 def stale_cleanup() -> int:
-    """Deletes the namespaces of runs whose harness died (SIGKILL). Returns how many."""
+    """Deletes the namespaces (and kills the processes) of runs whose harness is gone (it was
+    SIGKILLed); runs in progress are left alone. Returns how many namespaces it deleted."""
     r = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False)
     n = 0
+    dead: set[str] = set()
     for line in r.stdout.splitlines():
         name = line.split()[0] if line.split() else ""
-        if re.fullmatch(rf"{PREFIX}[0-9a-f]{{6}}(b|h\d+)", name):
-            for p in ns_pids(name):
+        m = re.fullmatch(rf"{PREFIX}([0-9a-f]{{6}})(b|h\d+)", name)
+        if not m or _owner_alive(m.group(1)):
+            continue
+        dead.add(m.group(1))
+        for p in ns_pids(name):
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        subprocess.run(["ip", "netns", "del", name], check=False)
+        n += 1
+    if os.path.isdir(REGISTRY):
+        for run_id in os.listdir(REGISTRY):
+            if not _owner_alive(run_id):
+                dead.add(run_id)
                 try:
-                    os.kill(p, signal.SIGKILL)
-                except ProcessLookupError:
+                    os.unlink(os.path.join(REGISTRY, run_id))
+                except OSError:
                     pass
-            subprocess.run(["ip", "netns", "del", name], check=False)
-            n += 1
+    for run_id in dead:  # their control directories
+        for d in glob.glob(os.path.join(tempfile.gettempdir(), f"{PREFIX}{run_id}-*")):
+            shutil.rmtree(d, ignore_errors=True)
     return n
 
 
@@ -399,6 +430,15 @@ def agent(argv: Sequence[str]) -> int:
 # --------------------------------------------------------------------------- the job
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL when the harness dies, even by SIGKILL. It is inherited
+    through ``ip netns exec`` into ``unshare``, whose --kill-child then takes the host's PID 1
+    and with it the whole PID namespace: no rank outlives a killed harness (only the empty
+    namespaces do, until ``run.sh --cleanup``)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+
+
 def _pump(src: IO[bytes], dst: IO[bytes], tag: bytes, lock: threading.Lock) -> None:
     with src:
         for line in iter(src.readline, b""):
@@ -466,7 +506,8 @@ class Job:
                 }
             )
             p = subprocess.Popen(self.host_cmd(i), env=env, stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, start_new_session=True)
+                                 stderr=subprocess.PIPE, start_new_session=True,
+                                 preexec_fn=_die_with_parent)
             self.procs.append(p)
             for src, dst in ((p.stdout, sys.stdout.buffer), (p.stderr, sys.stderr.buffer)):
                 t = threading.Thread(target=_pump, args=(src, dst, f"[host{i}] ".encode(),
@@ -574,6 +615,10 @@ def main(argv: Sequence[str]) -> int:
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     status = 2
+    os.makedirs(REGISTRY, exist_ok=True)
+    mark = os.path.join(REGISTRY, hosts.run_id)
+    with open(mark, "w") as f:
+        f.write(str(os.getpid()))
     try:
         hosts.create()
         if received:
@@ -591,6 +636,8 @@ def main(argv: Sequence[str]) -> int:
         left = hosts.destroy()
         for s, h in old.items():
             signal.signal(s, h)
+        if not left:
+            os.unlink(mark)
         if left:
             note("error: could not delete " + "; ".join(left))
             status = status or 1

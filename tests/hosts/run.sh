@@ -5,7 +5,7 @@
 #                      [--grace S] [--link-down HOST:SECONDS] [--kill-host HOST:SECONDS]
 #                      [--mismatched-keys] [--decoy]
 #                      [--port P] -- SCRIPT [ARGS...]
-#   tests/hosts/run.sh --cleanup        # remove namespaces left by a harness killed with SIGKILL
+#   tests/hosts/run.sh --cleanup        # remove what a harness killed with SIGKILL left (namespaces)
 #
 # Every host is a network namespace (veth0 at 10.99.0.<i+1>, bridged to the others through a
 # bridge in a namespace of its own; optional tc tbf shaping) whose processes also get their

@@ -395,6 +395,42 @@ def test_harness_signal_cleans_up(sig):
     assert_clean(m.group(1), ctl[0])
 
 
+def test_harness_killed_leaves_no_process_and_cleanup_removes_the_rest():
+    """SIGKILL of run.sh itself: nothing can run its clean-up, yet no process of the job
+    survives it (parent-death signal into unshare --kill-child); ``run.sh --cleanup`` then
+    deletes its namespaces and control directory."""
+    cmd = ["bash", str(RUN), "--hosts", "2", "--ranks-per-host", "1", "--",
+           str(HERE / "job_hang.py")]
+    p = subprocess.Popen(cmd, env=job_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         text=True)
+    err: list[str] = []
+    t = threading.Thread(target=lambda: err.extend(p.stderr or ()), daemon=True)
+    t.start()
+    deadline = time.monotonic() + 150
+    ctl = None
+    while time.monotonic() < deadline:
+        m = re.search(r"run\.sh: run ([0-9a-f]{6}):.*XH_CTL=(\S+)", "".join(err))
+        if m and os.path.exists(f"{m.group(2)}/arm.1"):
+            run_id, ctl = m.group(1), m.group(2)
+            break
+        assert p.poll() is None, "".join(err)
+        time.sleep(0.1)
+    assert ctl is not None, "".join(err)
+    p.kill()
+    p.wait(timeout=30)
+    needle = f"XH_CTL={ctl}\0".encode()
+    deadline = time.monotonic() + 60
+    while _procs_with(needle) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _procs_with(needle), "processes of the job outlived the killed harness"
+    ns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert f"xh{run_id}" in ns  # what only --cleanup removes
+    c = subprocess.run(["bash", str(RUN), "--cleanup"], env=job_env(), capture_output=True,
+                       text=True, timeout=120)
+    assert c.returncode == 0, c.stderr
+    assert_clean(run_id, ctl)
+
+
 def test_usage_errors():
     cases = [
         (["--hosts", "3", "--ranks-per-host", "3,1"], "lists 2 counts for 3 hosts"),
