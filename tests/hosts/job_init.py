@@ -16,8 +16,9 @@ import xccl
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--p2p-bytes", type=int, default=0)
+    ap.add_argument("--timeout", type=float, default=60.0)
     args = ap.parse_args()
-    xccl.init_process_group("auto", timeout=60)
+    xccl.init_process_group("auto", timeout=args.timeout)
     rank, world = xccl.get_rank(), xccl.get_world_size()
     x = np.arange(1000, dtype=np.float64) + rank
     xccl.all_reduce(x)

@@ -244,14 +244,21 @@ def test_socket_ifname_that_does_not_exist():
 
 
 def test_hosts_with_different_job_secrets_fail_at_init():
-    res = run_hosts(["--hosts", "2", "--ranks-per-host", "1", "--mismatched-keys"],
-                    "job_init.py")
+    res = run_hosts(["--hosts", "2", "--ranks-per-host", "1", "--mismatched-keys",
+                     "--grace", "60"], "job_init.py", ("--timeout", "8"))
     assert res.rc != 0, res.why()
     assert not res.lines("XH-OK"), res.why()
     # host 1's rank is refused by the store on host 0, with a message that says why
     log = "\n".join(res.rank_lines(1))
     assert re.search(r"XcclAuthError: TCP store 10\.99\.0\.1:\d+: authentication failed: "
                      r".*failed authentication \(wrong key\?\)", log), res.why()
+    # and host 0's rank, which waits for it at the store, says that a worker from host 1's
+    # address was refused (not just that one is missing)
+    log = "\n".join(res.rank_lines(0))
+    assert re.search(r"XcclTimeoutError: TCP store .*only 1 of 2 workers connected within "
+                     r"8000 ms; 1 connection\(s\) failed authentication \(the last from "
+                     r"10\.99\.0\.2:\d+\): do all ranks have the same XCCL_AUTH_KEY\?", log), \
+        res.why()
 
 
 def test_two_runs_side_by_side():
