@@ -410,10 +410,8 @@ def agent(argv: Sequence[str]) -> int:
         elif all(c == 0 for c in codes):
             return 0
         else:
-            try:  # PID 1 reaps orphans too
-                os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                pass
+            # (no waitpid(-1) for orphans here: it could reap a rank before Popen reads its
+            # status; orphans' zombies go with the PID namespace)
             time.sleep(0.02)
     for sig, wait in ((stop[0] if stop else signal.SIGTERM, grace), (signal.SIGKILL, 30.0)):
         for p in procs:
