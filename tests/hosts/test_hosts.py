@@ -277,6 +277,17 @@ def test_two_runs_side_by_side():
     assert Result(0, "", outs[0][1]).run_id != Result(0, "", outs[1][1]).run_id
 
 
+@pytest.mark.parametrize("per_host", ["1", "2,1"])
+def test_exit_status_is_the_jobs(per_host):
+    """Every rank exits 4 (job_linkdown.py with no fault and no time to loop): run.sh exits 4,
+    through xccl-run (equal hosts) and through the srun-style start (unequal hosts)."""
+    res = run_hosts(["--hosts", "2", "--ranks-per-host", per_host], "job_linkdown.py",
+                    ("--max-seconds", "0"))
+    assert res.rc == 4, res.why()
+    world = sum(int(x) for x in per_host.split(",")) if "," in per_host else 2
+    assert len(res.lines("XH-NOERROR")) == world, res.why()
+
+
 def test_same_secret_job_starts():
     # the control for the test above: the same job with one key works, over the veth
     res = run_hosts(["--hosts", "2", "--ranks-per-host", "1"], "job_init.py")
