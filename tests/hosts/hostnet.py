@@ -175,6 +175,8 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     """Parses and checks the command line (argparse errors exit with status 2)."""
     p = build_parser()
     argv = list(argv)
+    if "--" not in argv and ("-h" in argv or "--help" in argv):
+        p.parse_args(["--help"])
     if "--" not in argv or argv.index("--") == len(argv) - 1:
         p.error("expected '-- SCRIPT [ARGS...]' after the options")
     cut = argv.index("--")
