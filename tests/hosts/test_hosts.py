@@ -356,7 +356,9 @@ def test_host_crash_mid_collective_names_the_dead_peer():
     res = run_hosts(["--hosts", "2", "--ranks-per-host", "2", "--kill-host", "1:1",
                      "--grace", "60"], "job_linkdown.py", ("--timeout", "60"))
     assert "host1's processes were killed" in res.err, res.why()
-    assert res.rc == 137, res.why()  # host 1's launcher died of SIGKILL: 128 + 9
+    # the first failure the harness sees: host 1's launcher, killed (128 + 9), or host 0's,
+    # whose ranks exit 3 at once (both can end within one poll of the harness)
+    assert res.rc in (137, 3), res.why()
     errors = {e["rank"]: e for e in res.json("XH-ERROR")}
     assert set(errors) == {0, 1}, res.why()
     for e in errors.values():
