@@ -126,3 +126,42 @@ def test_hier_over_shm_and_tcp(tmp_path, hosts):
             assert algo in (expected["one_host"], "direct"), (rank, algo)
             np.testing.assert_array_equal(v, np.full(4, float(members)))
             np.testing.assert_array_equal(u, np.full(4, 2.0 * members))
+
+
+def body_lone_rank(rank, world_size, store_path, hosts):
+    xccl = _init(rank, world_size, store_path, hosts)
+    out = {}
+    for coll in ("broadcast", "all_reduce", "reduce", "all_gather"):
+        for nbytes in (8, 8000, 1 << 20):
+            out[(coll, nbytes)] = xccl.explain(coll, nbytes).chosen["name"]
+    for count in (1, 1000, 1 << 17):
+        z = np.linspace(0, 1, count) if rank == 0 else np.zeros(count)
+        w = xccl.broadcast(z, src=0, async_op=True)
+        w.wait()
+        out[("bc", count)] = (w.algo, z.copy())
+        x = np.arange(count, dtype=np.float64) + rank
+        w = xccl.all_reduce(x, async_op=True)
+        w.wait()
+        out[("ar", count)] = (w.algo, x)
+    xccl.destroy_process_group()
+    return out
+
+
+def test_lone_rank_on_its_host_chooses_like_the_others(tmp_path):
+    # Regression: a rank alone on its host loads no shared-memory transport (it has no peer
+    # there) and priced the links inside the other host with TCP's model, so it chose "binomial"
+    # for a broadcast that the other ranks ran as "hier": the call hung until its timeout. Found
+    # by tests/hosts with 3 + 1 ranks on network-namespace hosts.
+    hosts = ["a", "a", "a", "b"]
+    res = run_spmd(body_lone_rank, 4, str(tmp_path / "store"), hosts, init=False, timeout=90)
+    for key in res[0]:
+        if key[0] in ("bc", "ar"):
+            count = key[1]
+            algos = {out[key][0] for out in res}
+            assert len(algos) == 1, (key, [out[key][0] for out in res])
+            for out in res:
+                want = (np.linspace(0, 1, count) if key[0] == "bc"
+                        else np.arange(count, dtype=np.float64) * 4 + 6)
+                np.testing.assert_array_equal(out[key][1], want)
+        else:
+            assert [out[key] for out in res] == [res[0][key]] * 4, (key, [o[key] for o in res])

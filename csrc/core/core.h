@@ -325,6 +325,10 @@ struct xccl_ctx {
     xccl_peer_info_t *peers;
     tp_slot_t         tp[XCCL_MAX_TRANSPORTS];
     int               ntp;
+    /* the models communicators price links with (topo.c): from the transports asked for
+     * ($XCCL_TRANSPORTS), not those this rank loaded, so that they are the same on every rank */
+    xccl_cost_model_t model_intra, model_inter;
+    int               model_pull;
     int8_t           *peer_tp;   /* transport slot per world rank for host memory (-1: self) */
     /* transport slot per (memory type, world rank): [mem * size + rank]; -1: none moves that
      * memory type to that rank (or self) */
@@ -469,6 +473,8 @@ int           xccl_comm_rank_of_world(const xccl_comm_t *comm, int world_rank);
 /* topo.c: fills comm->topo from the members' host identities and the transports' models;
  * called once the member list (comm->world) is set. */
 xccl_status_t xccl_comm_topo_init(xccl_comm_t *comm);
+void          xccl_ctx_topo_models(xccl_ctx_t *ctx, const xccl_transport_ops_t *const *cand,
+                                   int ncand);
 
 /* explain.c: the α-β-γ model used for selection. */
 const xccl_cost_model_t *xccl_core_default_model(void);

@@ -335,6 +335,7 @@ xccl_status_t xccl_ctx_create(const xccl_comm_config_t *cfg, xccl_ctx_t **out)
                         spec ? spec : "");
         goto out;
     }
+    xccl_ctx_topo_models(ctx, cand, ncand); /* as on every other rank (topo.c) */
     {
         xccl_tp_init_params_t p = {
             .rank = cfg->rank, .size = cfg->size, .job_id = ctx->job_id, .peers = ctx->peers,

@@ -259,6 +259,8 @@ typedef struct tcp_server {
     pthread_cond_t  cond;
     int             joined;       /* JOIN requests served                                 */
     int             running;
+    int             auth_failed;  /* clients that failed authentication ...               */
+    char            auth_failed_name[64]; /* ... and the address of the last one          */
 } tcp_server_t;
 
 /* Tags for the two non-connection fds in epoll_event.data.ptr. */
@@ -618,6 +620,10 @@ static void conn_auth(tcp_server_t *srv, conn_t *c)
             XCCL_WARN("TCP store server %s: client %s failed authentication (wrong key?); "
                       "connection closed",
                       srv->addr_str, c->name);
+            pthread_mutex_lock(&srv->mu); /* for the timeout message of wait_workers */
+            srv->auth_failed++;
+            snprintf(srv->auth_failed_name, sizeof(srv->auth_failed_name), "%s", c->name);
+            pthread_mutex_unlock(&srv->mu);
             c->close_after_flush = 1;
         } else {
             c->state = ST_AUTH_VERDICT;
@@ -1341,7 +1347,8 @@ static xccl_status_t wait_workers(tcp_store_t *t, int world_size, int64_t deadli
                                   int64_t timeout_ms)
 {
     tcp_server_t *srv = t->server;
-    int           joined;
+    int           joined, failed;
+    char          last[sizeof(srv->auth_failed_name)];
 
     pthread_mutex_lock(&srv->mu);
     while (srv->joined < world_size && xccl_now_ms() < deadline_ms) {
@@ -1350,8 +1357,16 @@ static xccl_status_t wait_workers(tcp_store_t *t, int world_size, int64_t deadli
         pthread_cond_timedwait(&srv->cond, &srv->mu, &ts);
     }
     joined = srv->joined;
+    failed = srv->auth_failed;
+    memcpy(last, srv->auth_failed_name, sizeof(last));
     pthread_mutex_unlock(&srv->mu);
     if (joined >= world_size) return XCCL_OK;
+    if (failed > 0) /* the missing workers may be those: say so where the job is waited for */
+        return XCCL_ERROR(XCCL_ERR_TIMEOUT,
+                          "TCP store %s: only %d of %d workers connected within %" PRId64
+                          " ms; %d connection(s) failed authentication (the last from %s): "
+                          "do all ranks have the same XCCL_AUTH_KEY?",
+                          t->server_str, joined, world_size, timeout_ms, failed, last);
     return XCCL_ERROR(XCCL_ERR_TIMEOUT,
                       "TCP store %s: only %d of %d workers connected within %" PRId64 " ms",
                       t->server_str, joined, world_size, timeout_ms);
