@@ -198,6 +198,16 @@ xccl_dlpack_verdict_t xccl_dlpack_check(const DLTensor *dl, uint64_t dlflags, in
                  "reach the original buffer");
         return XCCL_DLPACK_MALFORMED;
     }
+    /* data + byte_offset, and the count * itemsize bytes from there, must be addresses */
+    if (dl->data != NULL &&
+        (dl->byte_offset > UINTPTR_MAX - (uintptr_t)dl->data ||
+         count * xccl_dtype_size(dtype) > UINTPTR_MAX - (uintptr_t)dl->data - dl->byte_offset)) {
+        snprintf(msg, msglen,
+                 "malformed DLPack tensor (byte_offset %" PRIu64 " with %zu elements runs past "
+                 "the end of the address space)",
+                 dl->byte_offset, count);
+        return XCCL_DLPACK_MALFORMED;
+    }
     out->data  = dl->data == NULL ? NULL : (char *)dl->data + dl->byte_offset;
     out->count = count;
     out->rows  = dl->ndim > 0 ? dl->shape[0] : -1;
