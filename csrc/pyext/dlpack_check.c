@@ -124,13 +124,13 @@ static void format_dims(char *buf, size_t len, const int64_t *v, int32_t n)
  * arbitrary strides there). An empty tensor is contiguous. */
 static int is_compact(const DLTensor *dl, size_t count)
 {
-    int64_t expect = 1;
+    uint64_t expect = 1; /* a product of extents, at most count: cannot wrap */
 
     if (dl->strides == NULL || count == 0) return 1;
     for (int32_t i = dl->ndim - 1; i >= 0; i--) {
         if (dl->shape[i] == 1) continue;
-        if (dl->strides[i] != expect) return 0;
-        expect *= dl->shape[i];
+        if (dl->strides[i] < 0 || (uint64_t)dl->strides[i] != expect) return 0;
+        expect *= (uint64_t)dl->shape[i];
     }
     return 1;
 }
