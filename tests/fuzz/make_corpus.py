@@ -58,6 +58,26 @@ def dlpack_seeds() -> dict[str, bytes]:
     }
 
 
+# ---- algo: [u8 ranks][u64 size a][u64 size b][u8 shift][XCCL_ALGO spec] ------------------------
+@harness("algo")
+def algo_seeds() -> dict[str, bytes]:
+    """Specs from docs/selection.md and the tests: ranges, units, inf, auto, case, blanks."""
+    specs = {
+        "one_rule": "all_reduce=ring",
+        "ranges": "all_reduce:0-64k=rd;all_reduce:64k-inf=ring",
+        "units": "broadcast:1M-2G=binomial; allgather : 1k - 16m = ring",
+        "auto": "allreduce=auto;reduce_scatter:0-1=owner",
+        "mixed_case": "All_Reduce:0-INF=Rabenseifner;;  ;barrier=dissemination",
+        "every_coll": ";".join(f"{c}=linear" for c in (
+            "all_reduce", "broadcast", "reduce", "all_gather", "gather", "scatter",
+            "reduce_scatter", "all_to_all", "all_to_all_v", "barrier")),
+        "bad_range": "all_reduce:64k-1k=ring",
+        "bad_coll": "allreduse=ring",
+    }
+    return {name: struct.pack(">BQQB", 7, 1 << 16, 1 << 20, 0) + spec.encode()
+            for name, spec in specs.items()}
+
+
 def main() -> None:
     """Rewrites corpus/<harness>/ for every registered harness."""
     for name, fn in SEEDS.items():
