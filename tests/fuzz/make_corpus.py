@@ -78,6 +78,57 @@ def algo_seeds() -> dict[str, bytes]:
             for name, spec in specs.items()}
 
 
+# ---- TCP store: request/response layout of csrc/core/store_tcp.c (big-endian) -----------------
+STORE_MAGIC = 0x58435331
+CMD = {"join": 1, "set": 2, "get": 3, "add": 4, "wait": 5, "check": 6, "compare_set": 7,
+       "delete": 8, "num_keys": 9}
+
+
+def st_field(b: bytes) -> bytes:
+    """[u32 n][n bytes]."""
+    return struct.pack(">I", len(b)) + b
+
+
+def st_i64(v: int) -> bytes:
+    """An integer field."""
+    return st_field(struct.pack(">q", v))
+
+
+def st_msg(code: int, *fields: bytes) -> bytes:
+    """[u32 magic][u32 total][u8 code][fields]."""
+    body = b"".join(fields)
+    return struct.pack(">IIB", STORE_MAGIC, 9 + len(body), code & 0xFF) + body
+
+
+def store_requests() -> dict[str, bytes]:
+    """One request stream per kind of exchange the clients make."""
+    k, v = st_field(b"rank/0"), st_field(b"value")
+    return {
+        "join": st_msg(CMD["join"]),
+        "set_get": st_msg(CMD["set"], k, v) + st_msg(CMD["get"], st_i64(0), k),
+        "add": st_msg(CMD["add"], st_field(b"ctr"), st_i64(5)) * 2,
+        "wait_present": st_msg(CMD["set"], k, v) + st_msg(CMD["wait"], st_i64(1000), k),
+        "wait_missing": st_msg(CMD["wait"], st_i64(0), k, st_field(b"other")),
+        "get_missing": st_msg(CMD["get"], st_i64(0), st_field(b"nokey")),
+        "get_parked": st_msg(CMD["get"], st_i64(60000), st_field(b"nokey")),
+        "check": st_msg(CMD["set"], k, v) + st_msg(CMD["check"], k, st_field(b"x")),
+        "compare_set": st_msg(CMD["compare_set"], k, st_field(b""), v)
+        + st_msg(CMD["compare_set"], k, v, st_field(b"new")),
+        "delete": st_msg(CMD["set"], k, v) + st_msg(CMD["delete"], k) + st_msg(CMD["delete"], k),
+        "num_keys": st_msg(CMD["set"], k, v) + st_msg(CMD["num_keys"]),
+        "all": b"".join(st_msg(c) for c in range(1, 10)),
+    }
+
+
+@harness("store_server")
+def store_server_seeds() -> dict[str, bytes]:
+    """[u8 mode: bit 0 = auth][client stream]."""
+    seeds = {name: b"\x00" + req for name, req in store_requests().items()}
+    hello = struct.pack(">I", 0x58415531) + bytes(range(32))
+    seeds["auth_hello_proof"] = b"\x01" + hello + bytes(32) + b"\x01" + st_msg(CMD["join"])
+    return seeds
+
+
 def main() -> None:
     """Rewrites corpus/<harness>/ for every registered harness."""
     for name, fn in SEEDS.items():
