@@ -129,6 +129,26 @@ def store_server_seeds() -> dict[str, bytes]:
     return seeds
 
 
+@harness("store_client")
+def store_client_seeds() -> dict[str, bytes]:
+    """[u8 mode: bit 0 = auth][server stream]: the replies to join, set, get, add, wait, check,
+    compare_set, delete_key, num_keys in that order."""
+    ok = st_msg(0)
+    err = st_msg(-1, st_field(b"server says no"))
+    timeout = -7
+    replies = [ok, ok, st_msg(0, st_field(b"value")), st_msg(0, st_i64(42)), ok,
+               st_msg(0, st_field(b"\x01")), st_msg(0, st_field(b"w")), st_msg(0, st_field(b"\x01")),
+               st_msg(0, st_i64(3))]
+    seeds = {"all_ok": b"\x00" + b"".join(replies)}
+    seeds["timeouts"] = b"\x00" + b"".join(replies[:2] + [st_msg(timeout)] + replies[3:4] + [
+        st_msg(timeout, st_field(b"b"), st_field(b"a"))] + replies[5:])
+    seeds["errors"] = b"\x00" + ok + err * 8
+    seeds["join_only"] = b"\x00" + ok
+    hello = struct.pack(">I", 0x58415531) + bytes(range(32))
+    seeds["auth"] = b"\x01" + hello + bytes(32) + b"\x01" + b"".join(replies)
+    return seeds
+
+
 def main() -> None:
     """Rewrites corpus/<harness>/ for every registered harness."""
     for name, fn in SEEDS.items():
