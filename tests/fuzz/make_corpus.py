@@ -149,6 +149,16 @@ def store_client_seeds() -> dict[str, bytes]:
     return seeds
 
 
+@harness("auth")
+def auth_seeds() -> dict[str, bytes]:
+    """[u8 role: bit 0 = we are the server][peer stream: hello, proof, verdict]."""
+    hello = struct.pack(">I", 0x58415531) + bytes(range(32))
+    full = hello + bytes(range(100, 132)) + b"\x01"
+    return {"server_full": b"\x01" + full, "client_full": b"\x00" + full,
+            "hello_only": b"\x00" + hello, "bad_magic": b"\x01" + b"XXXX" + bytes(32),
+            "short": b"\x00" + hello[:10]}
+
+
 def main() -> None:
     """Rewrites corpus/<harness>/ for every registered harness."""
     for name, fn in SEEDS.items():
