@@ -159,6 +159,96 @@ def auth_seeds() -> dict[str, bytes]:
             "short": b"\x00" + hello[:10]}
 
 
+# ---- address records (csrc/core/ctx.c) and transport blobs: host byte order (little-endian) ----
+def tcp_blob(port: int, v6: bool = False) -> bytes:
+    """backends/tcp/tcp_wire.h address blob."""
+    if v6:
+        return b"XTCA" + bytes([6, 0]) + struct.pack(">HI", port, 2) + bytes(15) + b"\x01"
+    return b"XTCA" + bytes([4, 0]) + struct.pack(">HI", port, 0) + bytes([127, 0, 0, 1]) + bytes(12)
+
+
+def shm_blob(rank: int) -> bytes:
+    """backends/shm/shm_layout.h shm_addr_t."""
+    name = f"/xccl-00000000deadbeef-{rank}-4242".encode()
+    return (b"XSHA" + struct.pack("<HHQiiQQ", 3, 0, 0xDEADBEEF, rank, 4242, 1 << 20, 7)
+            + name + bytes(64 - len(name)))
+
+
+def addr_record(entries: list[tuple[bytes, bytes]]) -> bytes:
+    """[u32 ntp][name 16][u32 len][blob]..."""
+    out = struct.pack("<I", len(entries))
+    for name, blob in entries:
+        out += name + bytes(16 - len(name)) + struct.pack("<I", len(blob)) + blob
+    return out
+
+
+@harness("addr")
+def addr_seeds() -> dict[str, bytes]:
+    """Records as ranks publish them: tcp only, shm and tcp, IPv6, none."""
+    return {"tcp": addr_record([(b"tcp", tcp_blob(29500))]),
+            "shm_tcp": addr_record([(b"shm", shm_blob(1)), (b"tcp", tcp_blob(40000))]),
+            "tcp6": addr_record([(b"tcp", tcp_blob(1234, v6=True))]),
+            "empty": addr_record([])}
+
+
+# ---- tcp handshake: [u8 size][u8 rank][u64 job][u8 key][u64 busy][u64 use][hello][ack] -------
+def tcp_hello(job: int, src: int, dst: int, auth: bool) -> bytes:
+    """tcp_hello_t, little-endian host order."""
+    return b"XTCP" + struct.pack("<HHQiiII", 1, 0x0102, job, src, dst, 1 if auth else 0, 0)
+
+
+def tcp_ack(job: int, rank: int, status: int = 0) -> bytes:
+    """tcp_ack_t."""
+    return b"XTCP" + struct.pack("<HHQiI", 1, status, job, rank, 0)
+
+
+@harness("tcp_hello")
+def tcp_hello_seeds() -> dict[str, bytes]:
+    """An accepted exchange, and each refusal once."""
+    job = 0x1122334455667788
+
+    def seed(rank: int, key: int, busy: int, use: int, hello: bytes, ack: bytes) -> bytes:
+        return struct.pack(">BBQBQQ", 3, rank, job, key, busy, use) + hello + ack
+
+    return {
+        "ok": seed(0, 0, 0, 0b1110, tcp_hello(job, 2, 0, False), tcp_ack(job, 2)),
+        "auth": seed(1, 1, 0, 0b1100, tcp_hello(job, 3, 1, True), tcp_ack(job, 0)),
+        "wrong_job": seed(0, 0, 0, 0b1110, tcp_hello(job + 1, 2, 0, False), tcp_ack(job + 1, 2)),
+        "duplicate": seed(0, 0, 0b100, 0b1110, tcp_hello(job, 2, 0, False), tcp_ack(job, 2, 6)),
+        "auth_mode": seed(0, 1, 0, 0b1110, tcp_hello(job, 1, 0, False), tcp_ack(job, 1, 7)),
+    }
+
+
+# ---- shm segment header: [u8 size][u8 rank][u8 peer][u64 seg][i32 pid][u64 job][header] ------
+def shm_header(size: int, rank: int, pid: int, job: int, seg: int, ring: int, nrings: int,
+               ring_of: list[int]) -> bytes:
+    """shm_seg_hdr_t (offsets checked against shm_layout.h) + ring_of."""
+    h = bytearray(256)
+    struct.pack_into("<QIiiiQQQ", h, 0, 0x324D48534C434358, 3, rank, size, pid, job, seg, ring)
+    struct.pack_into("<i", h, 192, nrings)
+    return bytes(h) + b"".join(struct.pack("<i", r) for r in ring_of)
+
+
+@harness("shm_seg")
+def shm_seg_seeds() -> dict[str, bytes]:
+    """Segments as shm.c makes them (2 and 4 ranks), and a few near misses."""
+    job, pid, ring = 0xABCDEF, 4242, 1 << 18
+    hdr = 4096
+
+    def seed(size: int, rank: int, peer: int, nrings: int, ring_of: list[int],
+             seg: int | None = None, ring_bytes: int = ring) -> bytes:
+        seg = seg if seg is not None else hdr + nrings * (512 + ring_bytes)
+        return struct.pack(">BBBQiQ", size - 1, rank, peer, seg, pid, job) + shm_header(
+            size, peer, pid, job, seg, ring_bytes, nrings, ring_of)
+
+    return {
+        "two": seed(2, 0, 1, 1, [0, -1]),
+        "four": seed(4, 2, 0, 3, [-1, 0, 1, 2]),
+        "too_small": seed(4, 2, 0, 3, [-1, 0, 1, 2], seg=hdr + 512),
+        "not_pow2": seed(2, 0, 1, 1, [0, -1], ring_bytes=ring + 64),
+    }
+
+
 def main() -> None:
     """Rewrites corpus/<harness>/ for every registered harness."""
     for name, fn in SEEDS.items():
