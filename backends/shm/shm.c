@@ -362,14 +362,17 @@ static void shm_ring_read(const shm_ring_t *r, uint64_t pos, void *dst, size_t n
     if (n > first) memcpy((char *)dst + first, r->data, n - first);
 }
 
-static void shm_ring_map(shm_ring_t *r, shm_seg_hdr_t *seg, uint64_t hdr_bytes, int idx)
+/* ring_bytes: as checked (a peer's segment: the value xccl_shm_seg_check read, not the
+ * header's, which the peer could change after the check). */
+static void shm_ring_map(shm_ring_t *r, shm_seg_hdr_t *seg, uint64_t hdr_bytes,
+                         uint64_t ring_bytes, int idx)
 {
-    char *base = (char *)seg + hdr_bytes + (uint64_t)idx * (SHM_CTL_BYTES + seg->ring_bytes);
+    char *base = (char *)seg + hdr_bytes + (uint64_t)idx * (SHM_CTL_BYTES + ring_bytes);
 
     r->ctl  = (shm_ring_ctl_t *)base;
     r->data = base + SHM_CTL_BYTES;
-    r->cap  = seg->ring_bytes;
-    r->mask = seg->ring_bytes - 1;
+    r->cap  = ring_bytes;
+    r->mask = ring_bytes - 1;
 }
 
 static uint64_t shm_hdr_bytes(int size) { return xccl_shm_hdr_bytes(size); }
@@ -1108,8 +1111,8 @@ static xccl_status_t shm_attach(xccl_tp_ctx_t *ctx, int peer, const shm_addr_t *
     p->seg_bytes = a->seg_bytes;
     p->pid       = a->pid;
     snprintf(p->name, sizeof(p->name), "%s", a->name);
-    shm_ring_map(&p->out, h, shm_hdr_bytes(ctx->size), loc.idx);
-    shm_ring_map(&p->in, ctx->seg, ctx->hdr_bytes, ctx->seg->ring_of[peer]);
+    shm_ring_map(&p->out, h, shm_hdr_bytes(ctx->size), loc.ring_bytes, loc.idx);
+    shm_ring_map(&p->in, ctx->seg, ctx->hdr_bytes, ctx->seg->ring_bytes, ctx->seg->ring_of[peer]);
     if (ctx->watch_lock || !shm_same_pidns(ctx, h->pid_ns)) {
         p->watch  = SHM_WATCH_LOCK;
         p->lockfd = fd;

@@ -26,16 +26,29 @@ int xccl_shm_addr_decode(const void *blob, size_t len, shm_addr_t *a)
 int xccl_shm_seg_check(const shm_seg_hdr_t *h, uint64_t seg_bytes, int32_t pid, int peer,
                        int rank, int size, uint64_t job_id, shm_ring_loc_t *loc)
 {
-    int idx = h->rank == peer && h->size == size && h->rank >= 0 ? h->ring_of[rank] : -1;
+    /* each field read once: the peer may write its header while we look */
+    const volatile shm_seg_hdr_t *v          = h;
+    uint64_t                      magic      = v->magic;
+    uint32_t                      version    = v->version;
+    int32_t                       h_rank     = v->rank;
+    int32_t                       h_size     = v->size;
+    int32_t                       h_pid      = v->pid;
+    uint64_t                      h_job      = v->job_id;
+    uint64_t                      h_seg      = v->seg_bytes;
+    uint64_t                      ring_bytes = v->ring_bytes;
+    int32_t                       nrings     = v->nrings;
+    uint64_t                      hdr        = xccl_shm_hdr_bytes(size);
+    int                           idx;
 
-    if (h->magic != SHM_SEG_MAGIC || h->version != SHM_VERSION || h->job_id != job_id ||
-        h->rank != peer || h->pid != pid || h->seg_bytes != seg_bytes || idx < 0 ||
-        idx >= h->nrings || h->ring_bytes < SHM_RING_MIN / 2 ||
-        (h->ring_bytes & (h->ring_bytes - 1)) != 0 ||
-        xccl_shm_hdr_bytes(h->size) + (uint64_t)h->nrings * (SHM_CTL_BYTES + h->ring_bytes) >
-            h->seg_bytes)
+    if (magic != SHM_SEG_MAGIC || version != SHM_VERSION || h_job != job_id || h_rank != peer ||
+        h_size != size || h_pid != pid || h_seg != seg_bytes || seg_bytes < hdr)
         return -1;
+    idx = v->ring_of[rank];
+    if (idx < 0 || idx >= nrings || ring_bytes < SHM_RING_MIN / 2 ||
+        (ring_bytes & (ring_bytes - 1)) != 0 || ring_bytes > seg_bytes ||
+        (uint64_t)nrings > (seg_bytes - hdr) / (SHM_CTL_BYTES + ring_bytes))
+        return -1; /* every ring inside the segment, computed without overflow */
     loc->idx        = idx;
-    loc->ring_bytes = h->ring_bytes;
+    loc->ring_bytes = ring_bytes;
     return 0;
 }
