@@ -2,24 +2,27 @@
 """Writes the seed corpora of the fuzz harnesses (tests/fuzz/corpus/<harness>/) from valid
 messages built here, so that every seed is a well-formed input the fuzzer then mutates.
 
-Usage: python tests/fuzz/make_corpus.py   (rewrites corpus/; the output is deterministic)
+Usage: python tests/fuzz/make_corpus.py [--out DIR]   (default: rewrites tests/fuzz/corpus/;
+the output is deterministic, and tests/test_fuzz.py checks that the committed corpus is it)
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import struct
 from collections.abc import Callable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SEEDS: dict[str, Callable[[], dict[str, bytes]]] = {}
+SeedFn = Callable[[], dict[str, bytes]]
+SEEDS: dict[str, SeedFn] = {}
 
 
-def harness(name: str) -> Callable[[Callable[[], dict[str, bytes]]], Callable[[], dict[str, bytes]]]:
+def harness(name: str) -> Callable[[SeedFn], SeedFn]:
     """Registers a function returning {seed name: bytes} for harness `name`."""
 
-    def reg(fn: Callable[[], dict[str, bytes]]) -> Callable[[], dict[str, bytes]]:
+    def reg(fn: SeedFn) -> SeedFn:
         SEEDS[name] = fn
         return fn
 
@@ -136,9 +139,9 @@ def store_client_seeds() -> dict[str, bytes]:
     ok = st_msg(0)
     err = st_msg(-1, st_field(b"server says no"))
     timeout = -7
-    replies = [ok, ok, st_msg(0, st_field(b"value")), st_msg(0, st_i64(42)), ok,
-               st_msg(0, st_field(b"\x01")), st_msg(0, st_field(b"w")), st_msg(0, st_field(b"\x01")),
-               st_msg(0, st_i64(3))]
+    yes = st_msg(0, st_field(b"\x01"))
+    replies = [ok, ok, st_msg(0, st_field(b"value")), st_msg(0, st_i64(42)), ok, yes,
+               st_msg(0, st_field(b"w")), yes, st_msg(0, st_i64(3))]
     seeds = {"all_ok": b"\x00" + b"".join(replies)}
     seeds["timeouts"] = b"\x00" + b"".join(replies[:2] + [st_msg(timeout)] + replies[3:4] + [
         st_msg(timeout, st_field(b"b"), st_field(b"a"))] + replies[5:])
@@ -250,15 +253,18 @@ def shm_seg_seeds() -> dict[str, bytes]:
 
 
 def main() -> None:
-    """Rewrites corpus/<harness>/ for every registered harness."""
+    """Rewrites <out>/<harness>/ for every registered harness."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.path.join(HERE, "corpus"), help="corpus root")
+    args = ap.parse_args()
     for name, fn in SEEDS.items():
-        d = os.path.join(HERE, "corpus", name)
+        d = os.path.join(args.out, name)
         shutil.rmtree(d, ignore_errors=True)
         os.makedirs(d)
         for seed, data in fn().items():
             with open(os.path.join(d, seed), "wb") as f:
                 f.write(data)
-        print(f"corpus/{name}: {len(fn())} seeds")
+        print(f"{d}: {len(fn())} seeds")
 
 
 if __name__ == "__main__":
