@@ -252,6 +252,34 @@ def shm_seg_seeds() -> dict[str, bytes]:
     }
 
 
+# ---- shm ring: [u16 start] then operations (see fuzz_shm_ring.c) -------------------------------
+@harness("shm_ring")
+def shm_ring_seeds() -> dict[str, bytes]:
+    """Correct traffic of every kind, then each kind of corruption once."""
+    inline = bytes([0, 4, 24, 0, 8, 0])
+    stream = bytes([1, 16]) + struct.pack(">H", 3000) + b"\x00" + bytes([1, 20]) + struct.pack(
+        ">H", 40000) + b"\x03"
+    cma = bytes([2, 32]) + struct.pack(">H", 5000)
+    held = bytes([0, 5, 10, 1, 9]) + struct.pack(">H", 100) + b"\x00"
+    dropped = bytes([0, 6, 10, 1, 14]) + struct.pack(">H", 700) + b"\x00"
+    run = bytes([6, 7])
+    bad_slot = bytes([3]) + struct.pack("<IIQQQQ", 9, 0, 7, 1, 0, 10) + bytes(24)
+    big_inline = bytes([3]) + struct.pack("<IIQQQQ", 1, 0, 7, 1, 0, 4000) + bytes(24)
+    huge_stream = bytes([3]) + struct.pack("<IIQQQQ", 2, 0, 7, 1, 0, 1 << 40) + bytes(24)
+    return {
+        "inline": b"\x00\x10" + inline + run,
+        "stream": b"\x00\x3f" + stream + run,
+        "cma": b"\x00\x00" + cma + run,
+        "mixed": b"\x00\x3e" + inline + stream + cma + held + dropped + run,
+        "bad_kind": b"\x00\x00" + inline + bad_slot + run,
+        "big_inline": b"\x00\x00" + big_inline + run,
+        "huge_stream": b"\x00\x00" + huge_stream + run,
+        "misaligned": b"\x00\x00" + bytes([4, 3, 1, 2, 3]) + inline + run,
+        "head_behind": b"\x00\x00" + inline + bytes([5, 0xFF, 0x00]) + run,
+        "closed": b"\x00\x00" + inline + bytes([7, 2, 0x41]) + run,
+    }
+
+
 def main() -> None:
     """Rewrites <out>/<harness>/ for every registered harness."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
