@@ -280,6 +280,26 @@ def shm_ring_seeds() -> dict[str, bytes]:
     }
 
 
+# ---- tcp stream: [xccl_msg_hdr_t: comm_id, tag, fp, nbytes (u64, host order)][payload]... ----
+def tcp_msg(tag: int, payload: bytes, comm: int = 7, fp: int = 0) -> bytes:
+    """One message as tcp.c sends it."""
+    return struct.pack("<QQQQ", comm, tag, fp, len(payload)) + payload
+
+
+@harness("tcp_stream")
+def tcp_stream_seeds() -> dict[str, bytes]:
+    """Message streams as ranks send them, and cut or oversized ones."""
+    pay = bytes((i * 7) & 0xFF for i in range(3000))
+    return {
+        "one": tcp_msg(4, pay[:100]),
+        "many": b"".join(tcp_msg(4 * i, pay[: i * 97]) for i in range(12)),
+        "empty_msgs": tcp_msg(0, b"") * 5,
+        "held_dropped": tcp_msg(1, pay[:50]) + tcp_msg(2, pay[:2000]) + tcp_msg(3, pay[:9]),
+        "cut": tcp_msg(4, pay[:100]) + tcp_msg(8, pay)[:1500],
+        "huge": tcp_msg(4, pay[:10]) + struct.pack("<QQQQ", 7, 8, 0, 1 << 40),
+    }
+
+
 def main() -> None:
     """Rewrites <out>/<harness>/ for every registered harness."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
