@@ -53,7 +53,7 @@ static xccl_status_t f_match(void *core, int peer, const xccl_msg_hdr_t *hdr, xc
 
     if (core != &C || peer != 1) C.bad = 1;
     if (hdr->nbytes > MAX_MSG) return XCCL_ERR_MISMATCH;
-    FUZZ_CHECK(C.nmsgs < MAXQ, "too many messages");
+    FUZZ_CHECK(C.nmsgs < MAXQ, "too many messages"); /* 32 KiB of input hold at most 1024 */
     if ((hdr->tag & 1) && !C.deferred[C.nmsgs]) {
         C.deferred[C.nmsgs] = 1;
         return XCCL_INPROGRESS;
