@@ -300,6 +300,22 @@ def tcp_stream_seeds() -> dict[str, bytes]:
     }
 
 
+@harness("tcp_accept")
+def tcp_accept_seeds() -> dict[str, bytes]:
+    """[u8 patch job id: bit 0][a stranger's first bytes]: the harness's job id is patched into
+    hellos with bit 0 set, so correct ones are reachable."""
+    return {
+        "correct_hello": b"\x01" + tcp_hello(0, 1, 0, False),
+        "wrong_job": b"\x00" + tcp_hello(5, 1, 0, False),
+        "auth_flag": b"\x01" + tcp_hello(0, 1, 0, True),
+        "wrong_rank": b"\x01" + tcp_hello(0, 3, 0, False),
+        "partial": b"\x01" + tcp_hello(0, 1, 0, False)[:20],
+        "garbage": b"\x00" + b"GET / HTTP/1.1\r\n\r\n",
+        "hello_then_data": b"\x01" + tcp_hello(0, 1, 0, False) + tcp_msg(4, b"abc"),
+        "empty": b"",
+    }
+
+
 def main() -> None:
     """Rewrites <out>/<harness>/ for every registered harness."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
