@@ -3,11 +3,15 @@
  * replay_main.c - a main() for a fuzz harness without libFuzzer: runs every file named on the
  * command line (directories: every file in them, sorted) through LLVMFuzzerTestOneInput once.
  * A crash or a failed FUZZ_CHECK aborts the program, naming the file on stderr first.
+ * The address space is limited to 768 MiB, so that an allocation of a size a peer announced
+ * fails here (and the harness sees XCCL_ERR_NO_MEMORY) as libFuzzer's -malloc_limit_mb makes
+ * it fail under run.sh.
  */
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 
 #include "fuzz.h"
@@ -53,8 +57,10 @@ static int by_name(const void *a, const void *b)
 
 int main(int argc, char **argv)
 {
-    int nfiles = 0, bad = 0;
+    int           nfiles = 0, bad = 0;
+    struct rlimit as = {768ul << 20, 768ul << 20};
 
+    if (setrlimit(RLIMIT_AS, &as) != 0) perror("replay: setrlimit");
     LLVMFuzzerInitialize(&argc, &argv);
     for (int i = 1; i < argc; i++) {
         struct stat    sb;
