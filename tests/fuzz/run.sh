@@ -56,10 +56,10 @@ for h in "${harnesses[@]}"; do
     fi
 done
 
-command -v clang >/dev/null || {
-    echo "run.sh: clang (with libFuzzer) is needed: apt-get install -y clang" >&2
+if ! command -v clang >/dev/null || [ ! -f "$(clang -print-file-name=libclang_rt.fuzzer-x86_64.a)" ]; then
+    echo "run.sh: clang with libFuzzer is needed: apt-get install -y clang libclang-rt-dev" >&2
     exit 2
-}
+fi
 make -s -j"$(nproc)" H="${harnesses[*]/#/fuzz_}"
 
 bin=../../build/fuzz
