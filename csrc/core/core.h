@@ -381,6 +381,18 @@ static inline void xccl_cpu_relax(void)
 }
 
 /* ctx.c */
+/* The address record each rank publishes through the store ("<prefix>addr/<rank>"):
+ * [u32 ntp, host order] then per transport [char name[16]][u32 len, host order][len bytes of
+ * its address blob]. Parsed from another process's bytes: names are cut at 15 characters, blobs
+ * point into p and lie inside it, and lens[i] <= XCCL_TP_ADDR_MAX. */
+typedef struct xccl_addr_rec {
+    int         ntp;
+    char        names[XCCL_MAX_TRANSPORTS][16];
+    size_t      lens[XCCL_MAX_TRANSPORTS];
+    const void *blobs[XCCL_MAX_TRANSPORTS];
+} xccl_addr_rec_t;
+/* XCCL_ERR_REMOTE (naming `rank`) when the record is malformed. */
+xccl_status_t xccl_addr_rec_parse(const uint8_t *p, size_t len, int rank, xccl_addr_rec_t *r);
 xccl_status_t xccl_ctx_create(const xccl_comm_config_t *cfg, xccl_ctx_t **out);
 /* Drops a communicator's reference; the last one tears the context down: waits for waiters to
  * leave, stops the progress thread, finalizes transports, frees every communicator. Lock NOT

@@ -67,6 +67,8 @@
 /* How long a client waits for a GET/WAIT answer beyond the request's own timeout (the server
  * answers TIMEOUT itself at the deadline; this only covers a server that stopped answering). */
 #define TCP_REPLY_GRACE_MS  5000
+/* A client's first reply buffer; it grows as more of a longer reply arrives. */
+#define CLIENT_BUF_FIRST    (64u * 1024u)
 
 enum {
     CMD_JOIN = 1,
@@ -984,7 +986,8 @@ static xccl_status_t client_call(tcp_store_t *t, buf_t *b, int64_t deadline_ms, 
 {
     uint8_t       hdr[TCP_HDR_LEN];
     uint32_t      len;
-    uint8_t      *p;
+    uint8_t      *p = NULL;
+    size_t        cap, got;
     xccl_status_t st;
 
     *resp = NULL;
@@ -1012,22 +1015,34 @@ static xccl_status_t client_call(tcp_store_t *t, buf_t *b, int64_t deadline_ms, 
                           "length %u); does the server expect an auth key?",
                           t->server_str, op, get_be32(hdr), len);
     }
-    p = malloc(len);
-    if (p == NULL) {
-        client_drop(t);
-        return XCCL_ERROR(XCCL_ERR_NO_MEMORY, "TCP store %s: reply of %u bytes", t->server_str,
-                          len);
-    }
+    /* The buffer grows with what arrives (at most doubling), as the server's does: a reply
+     * header announcing 1 GiB costs memory only once the bytes are there. */
+    cap = len < CLIENT_BUF_FIRST ? len : CLIENT_BUF_FIRST;
+    p   = malloc(cap);
+    if (p == NULL) goto oom;
     memcpy(p, hdr, sizeof(hdr));
-    st = xccl_sock_recv_all(t->fd, p + TCP_HDR_LEN, len - TCP_HDR_LEN, deadline_ms);
-    if (st != XCCL_OK) {
-        free(p);
-        client_drop(t);
-        return with_context(t, st, op, key);
+    for (got = TCP_HDR_LEN; got < len; got = cap) {
+        if (got == cap) {
+            uint8_t *q;
+            cap = len - cap < cap ? len : 2 * cap;
+            q   = realloc(p, cap);
+            if (q == NULL) goto oom;
+            p = q;
+        }
+        st = xccl_sock_recv_all(t->fd, p + got, cap - got, deadline_ms);
+        if (st != XCCL_OK) {
+            free(p);
+            client_drop(t);
+            return with_context(t, st, op, key);
+        }
     }
     *resp = p;
     *rlen = len;
     return XCCL_OK;
+oom:
+    free(p);
+    client_drop(t);
+    return XCCL_ERROR(XCCL_ERR_NO_MEMORY, "TCP store %s: reply of %u bytes", t->server_str, len);
 }
 
 /* Turns a non-OK response status into an error (ERROR responses carry the server's text). */
