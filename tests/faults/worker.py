@@ -11,7 +11,12 @@ numpy. It reports to the driver, one JSON object per line, on the file descripto
 with S "error" (an xccl error: the expected outcome once a peer died or stopped), "wrong" (a
 result differed from numpy: always a failure), or "crash" (any other exception). Then it
 destroys the process group and exits 0. time.monotonic() is CLOCK_MONOTONIC, the same clock
-in every process of the machine, so the driver can compare the times.
+in every process of the machine, so the driver can compare the times. "ready" also carries
+"comms": the communicator name of each workload group (for mapping ranks in messages).
+
+FAULT_SELFTEST=wrong|leak makes ranks misbehave on purpose (rank 0 reports wrong data; every
+rank leaves a file and a process in a session of its own behind), to show that the driver's
+checks can fail.
 """
 
 from __future__ import annotations
@@ -34,6 +39,18 @@ def _emit(fd: int, **msg: object) -> None:
     data = (json.dumps(msg) + "\n").encode()
     while data:
         data = data[os.write(fd, data):]
+
+
+def _leak() -> None:
+    """FAULT_SELFTEST=leak: leaves a file in TMPDIR and a process in the job's session, which
+    the driver must report (tests/faults/test_faults.py checks that it does)."""
+    import subprocess
+    import tempfile
+
+    fd, _ = tempfile.mkstemp(prefix="selftest-")
+    os.close(fd)
+    subprocess.Popen(["sleep", "300"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                     stderr=subprocess.DEVNULL, start_new_session=True)
 
 
 def main() -> int:
@@ -64,7 +81,12 @@ def main() -> int:
         ]
         _emit(fd, ev="ready", rank=rank, t=time.monotonic(), comms=names)
         wl = W.Workload(seed, world_size, groups, max_count=max_count)
+        selftest = os.environ.get("FAULT_SELFTEST", "")
+        if selftest == "leak":
+            _leak()
         for op in wl.ops():
+            if selftest == "wrong" and rank == 0 and ops == 5:
+                raise W.WrongResult(f"self-test: rank {rank} pretends op #{op.index} was wrong")
             W.run_op(xccl, seed, op, handles[op.group], rank, groups[op.group])
             ops += 1
     except W.WrongResult as e:
