@@ -334,6 +334,10 @@ struct xccl_ctx {
     xccl_req_t       *copies;
     char            **peer_dead; /* reason, or NULL while the peer is healthy            */
     uint8_t          *peer_scarce; /* its host runs more ranks of the job than their CPUs  */
+    /* the transports that price links inside a node and between nodes (topo.c): chosen from
+     * the configured candidates, which every rank shares, not from the loaded ones, which
+     * differ (a rank alone on its host drops shm); NULL: none of that kind configured */
+    const xccl_transport_ops_t *model_tp_intra, *model_tp_inter;
     /* large unexpected messages held back in their transport (XCCL_TP_CAP_DEFER): when the
      * one from each world rank was first offered (ms, 0: none), for how long, from what size */
     int64_t          *defer_since;

@@ -335,6 +335,13 @@ xccl_status_t xccl_ctx_create(const xccl_comm_config_t *cfg, xccl_ctx_t **out)
                         spec ? spec : "");
         goto out;
     }
+    for (int i = 0; i < ncand; i++) {
+        const xccl_transport_ops_t **m = (cand[i]->caps & XCCL_TP_CAP_INTRA_HOST) != 0
+                                             ? &ctx->model_tp_intra
+                                             : &ctx->model_tp_inter;
+        if (cand[i]->abi_version != XCCL_TRANSPORT_ABI_VERSION) continue;
+        if (*m == NULL || cand[i]->priority > (*m)->priority) *m = cand[i];
+    }
     {
         xccl_tp_init_params_t p = {
             .rank = cfg->rank, .size = cfg->size, .job_id = ctx->job_id, .peers = ctx->peers,

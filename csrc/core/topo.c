@@ -8,11 +8,14 @@
  * in the order of their lowest member rank, so every member computes the same numbering from
  * the same peer table.
  *
- * Models: links inside a node are priced with the best loaded transport that serves same-host
- * peers (XCCL_TP_CAP_INTRA_HOST, e.g. shm), links between nodes with the best one that crosses
- * hosts (e.g. tcp); a transport that publishes no α/β gets the core's default. Every rank
- * loads the same transports ($XCCL_TRANSPORTS must agree, like $XCCL_ALGO), so every rank
- * prices alike and chooses the same algorithm.
+ * Models: links inside a node are priced with the best configured transport that serves
+ * same-host peers (XCCL_TP_CAP_INTRA_HOST, e.g. shm), links between nodes with the best one
+ * that crosses hosts (e.g. tcp); a transport that publishes no α/β gets the core's default.
+ * Every rank is configured with the same transports ($XCCL_TRANSPORTS must agree, like
+ * $XCCL_ALGO), so every rank prices alike and chooses the same algorithm. The configured
+ * candidates count (ctx->model_tp_*), not the transports a rank kept: a rank alone on its
+ * host drops shm, which serves none of its peers, and priced with tcp alone it chose another
+ * algorithm than its peers did (a hang, found by tests/faults/driver.py).
  */
 #include "core/core.h"
 
@@ -29,25 +32,11 @@ static xccl_cost_model_t transport_model(const xccl_transport_ops_t *ops)
     return m;
 }
 
-/* The highest-priority loaded transport with (intra = 1) or without (intra = 0) the
- * same-host capability; NULL if none. */
-static const xccl_transport_ops_t *best_transport(const xccl_ctx_t *ctx, int intra)
-{
-    const xccl_transport_ops_t *best = NULL;
-
-    for (int i = 0; i < ctx->ntp; i++) {
-        const xccl_transport_ops_t *ops = ctx->tp[i].ops;
-        if (((ops->caps & XCCL_TP_CAP_INTRA_HOST) != 0) != intra) continue;
-        if (best == NULL || ops->priority > best->priority) best = ops;
-    }
-    return best;
-}
-
 xccl_status_t xccl_comm_topo_init(xccl_comm_t *comm)
 {
     const xccl_ctx_t           *ctx     = comm->ctx;
-    const xccl_transport_ops_t *inter   = best_transport(ctx, 0);
-    const xccl_transport_ops_t *intra   = best_transport(ctx, 1);
+    const xccl_transport_ops_t *inter   = ctx->model_tp_inter;
+    const xccl_transport_ops_t *intra   = ctx->model_tp_intra;
     int                        *node_of = malloc((size_t)comm->size * sizeof(int));
     int                         nnodes  = 0;
 
