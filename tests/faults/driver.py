@@ -15,7 +15,10 @@ store (rank 0 serving it) in a private directory. Every rank runs the same seede
 stream of collectives and point-to-point operations (tests/workload.py: every collective,
 every reduction op, several dtypes and sizes, on random overlapping subgroups) and checks
 each result against numpy. At a random moment after all ranks are up (or, in one round in
-ten, while they are still starting) the driver SIGKILLs or SIGSTOPs one random rank.
+ten, while they are still starting) the driver SIGKILLs or SIGSTOPs one random rank. About
+one round in seven is a control round without a fault: every rank runs a fixed number of
+operations and must finish them all (an error there is a bug by itself: such a round found an
+algorithm choice that differed between ranks, which the faults had masked).
 
 A round passes when:
   * every other rank raised an xccl error (XcclError or a subclass) within ``2 x timeout +
@@ -73,6 +76,8 @@ XCCL_ERRORS = {
     "DistStoreError",
     "DistError",
 }
+NO_FAULT_SHARE = 0.15  # rounds without a fault: any error there is a bug of its own
+CONTROL_OPS = 150  # operations per rank of such a round
 READY_DEADLINE_S = 120.0  # a rank that has not started by then fails the round (busy CI)
 
 
@@ -87,12 +92,15 @@ class Plan:
     store: str  # "file" or "tcp"
     groups: list[list[int]]
     max_count: int
-    fault: str  # "kill" or "stop"
+    fault: str  # "kill", "stop" or "none" (a control round: every rank must finish its ops)
     victim: int
     early: bool  # fault while the ranks start (before every rank is ready)
     delay: float  # seconds after the reference moment
 
     def describe(self) -> str:
+        if self.fault == "none":
+            return (f"np={self.np} hosts={self.hosts} store={self.store} groups={self.groups} "
+                    f"max_count={self.max_count} no fault: {CONTROL_OPS} ops per rank")
         return (
             f"np={self.np} hosts={self.hosts} store={self.store} groups={self.groups} "
             f"max_count={self.max_count} fault={self.fault} victim=rank {self.victim} "
@@ -106,7 +114,7 @@ def make_plan(seed: int, rnd: int, np_fixed: Optional[int]) -> Plan:
     nhosts = rng.choice([1, 2, 2, 3]) if n > 1 else 1
     hosts = [rng.randrange(nhosts) for _ in range(n)]
     groups = W.random_groups(rng, n, rng.randint(1, 5))
-    return Plan(
+    plan = Plan(
         seed=seed,
         round=rnd,
         np=n,
@@ -119,6 +127,9 @@ def make_plan(seed: int, rnd: int, np_fixed: Optional[int]) -> Plan:
         early=rng.random() < 0.1,
         delay=rng.uniform(0.0, 1.5),
     )
+    if rng.random() < NO_FAULT_SHARE:  # drawn last: the other draws stay those of older runs
+        plan.fault, plan.early = "none", False
+    return plan
 
 
 @dataclass
@@ -270,6 +281,8 @@ class Round:
             )
             if self.selftest:
                 env["FAULT_SELFTEST"] = self.selftest
+            if p.fault == "none":
+                env["FAULT_OPS"] = str(CONTROL_OPS)
             log = os.path.join(self.tmp, f"rank{r}.log")
             with open(log, "wb") as lf:
                 proc = subprocess.Popen(
@@ -310,7 +323,7 @@ class Round:
                             self.comms[cname] = gi
                 elif msg["ev"] == "end":
                     rp.end = msg
-                    if msg["status"] != "error" and self.fault_t is None:
+                    if msg["status"] not in ("error", "done") and self.fault_t is None:
                         # wrong data or a crash before the fault: nothing to wait for
                         self.problems.append(self._end_problem(rp))
                 elif msg["ev"] == "exit":
@@ -352,6 +365,8 @@ class Round:
                     break
                 # (selftest "wrong": no fault; the round ends on the wrong result)
                 up = all(rp.ready is not None for rp in self.ranks)
+                if p.fault == "none" and up:
+                    break
                 if fault_at is None and self.selftest != "wrong" and up:
                     fault_at = now + p.delay
                     continue
@@ -368,13 +383,40 @@ class Round:
                     break
                 wait = 0.05 if fault_at is None else max(0.0, min(0.05, fault_at - now))
                 self._pump(wait)
-            if self.fault_t is not None:
+            if p.fault == "none" and not self.problems:
+                self._await_control()
+            elif self.fault_t is not None:
                 self._await_survivors()
         finally:
             self._teardown()
         if self.fault_t is not None and not self.problems:
             self._judge()
         self._check_leftovers()
+
+    def _await_control(self) -> None:
+        """A round without a fault: every rank must run its operations and exit cleanly."""
+        hard = time.monotonic() + 2 * self.timeout + 60.0 + CONTROL_OPS * 0.2
+        while time.monotonic() < hard and any(rp.proc.poll() is None for rp in self.ranks):
+            self._pump(0.05)
+        self._pump(0.0)
+        hung = [rp for rp in self.ranks if rp.proc.poll() is None]
+        for rp in hung:
+            try:
+                os.kill(rp.proc.pid, signal.SIGUSR1)
+            except ProcessLookupError:
+                pass
+        if hung:
+            time.sleep(1.0)
+            self.problems.append(f"HANG without a fault: ranks {[rp.rank for rp in hung]}")
+        for rp in self.ranks:
+            e = rp.end or {}
+            if e.get("status") == "done" and rp.exited_clean:
+                continue
+            if rp in hung:
+                continue
+            self.problems.append(
+                f"rank {rp.rank} failed WITHOUT A FAULT (exit {rp.proc.returncode}): "
+                f"{e.get('status')} {e.get('type')}: {e.get('msg') or rp.destroy_failed}")
 
     def _await_survivors(self) -> None:
         p = self.plan
@@ -548,7 +590,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     print(f"fault driver: seed {args.seed}", flush=True)
     t_start = time.monotonic()
     rnd = args.first_round
-    summary = {"seed": args.seed, "rounds": 0, "failed": [], "kill": 0, "stop": 0,
+    summary = {"seed": args.seed, "rounds": 0, "failed": [], "kill": 0, "stop": 0, "none": 0,
                "early": 0, "ops": 0, "max_wait_s": 0.0}
     while True:
         if args.rounds is not None and rnd - args.first_round >= args.rounds:
@@ -576,14 +618,19 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(f"replay: {replay_command(args, rnd)}", flush=True)
         else:
             w = ", ".join(f"{k}:{v:.1f}s" for k, v in sorted(waits.items()))
-            print(f"round {rnd} ok ({time.monotonic() - t0:.1f} s; {r.named} of "
-                  f"{plan.np - 1} errors name rank {plan.victim}; errors after: {w})",
-                  flush=True)
+            if plan.fault == "none":
+                print(f"round {rnd} ok ({time.monotonic() - t0:.1f} s; no fault, every rank "
+                      "finished)", flush=True)
+            else:
+                print(f"round {rnd} ok ({time.monotonic() - t0:.1f} s; {r.named} of "
+                      f"{plan.np - 1} errors name rank {plan.victim}; errors after: {w})",
+                      flush=True)
         r.cleanup()
         rnd += 1
     print(
         f"fault driver: {summary['rounds']} rounds ({summary['kill']} kill, {summary['stop']} "
-        f"stop, {summary['early']} during start-up), {summary['ops']} checked ops, "
+        f"stop, {summary['none']} without a fault, {summary['early']} faults during start-up), "
+        f"{summary['ops']} checked ops, "
         f"{len(summary['failed'])} failed, slowest error {summary['max_wait_s']:.1f} s after "
         f"the fault; seed {args.seed}",
         flush=True,

@@ -2,17 +2,19 @@
 
 Joins the process group described by the environment (RANK, WORLD_SIZE, FAULT_INIT,
 FAULT_TIMEOUT, FAULT_SEED, FAULT_GROUPS, FAULT_MAX_COUNT), then runs the shared random
-workload (tests/workload.py) until an xccl operation fails, checking every result against
-numpy. It reports to the driver, one JSON object per line, on the file descriptor FAULT_FD:
+workload (tests/workload.py) until an xccl operation fails (or, with FAULT_OPS=N, for N
+operations: a fault-free control round), checking every result against numpy. It reports to
+the driver, one JSON object per line, on the file descriptor FAULT_FD:
 
-    {"ev": "ready", "rank": r, "t": monotonic}                    after init and group creation
+    {"ev": "ready", "rank": r, "t": monotonic, "comms": [...]}    after init and new_group
     {"ev": "end", "rank": r, "status": S, "type": ..., "msg": ..., "ops": n, "t": monotonic}
 
-with S "error" (an xccl error: the expected outcome once a peer died or stopped), "wrong" (a
-result differed from numpy: always a failure), or "crash" (any other exception). Then it
-destroys the process group and exits 0. time.monotonic() is CLOCK_MONOTONIC, the same clock
-in every process of the machine, so the driver can compare the times. "ready" also carries
-"comms": the communicator name of each workload group (for mapping ranks in messages).
+with S "done" (FAULT_OPS operations ran), "error" (an xccl error: the expected outcome once a
+peer died or stopped), "wrong" (a result differed from numpy: always a failure), or "crash"
+(any other exception). Then it destroys the process group and exits 0. time.monotonic() is
+CLOCK_MONOTONIC, the same clock in every process of the machine, so the driver can compare
+the times. "comms" is the communicator name of each workload group (for mapping the ranks an
+error message names).
 
 FAULT_SELFTEST=wrong|leak makes ranks misbehave on purpose (rank 0 reports wrong data; every
 rank leaves a file and a process in a session of its own behind), to show that the driver's
@@ -62,6 +64,7 @@ def main() -> int:
     groups = json.loads(os.environ["FAULT_GROUPS"])
     timeout = float(os.environ["FAULT_TIMEOUT"])
     max_count = int(os.environ["FAULT_MAX_COUNT"])
+    max_ops = int(os.environ.get("FAULT_OPS", "0")) or None  # a fault-free round: then "done"
 
     import xccl
 
@@ -84,11 +87,12 @@ def main() -> int:
         selftest = os.environ.get("FAULT_SELFTEST", "")
         if selftest == "leak":
             _leak()
-        for op in wl.ops():
+        for op in wl.ops(max_ops):
             if selftest == "wrong" and rank == 0 and ops == 5:
                 raise W.WrongResult(f"self-test: rank {rank} pretends op #{op.index} was wrong")
             W.run_op(xccl, seed, op, handles[op.group], rank, groups[op.group])
             ops += 1
+        status = "done"
     except W.WrongResult as e:
         status, kind, msg = "wrong", type(e).__name__, str(e)
     except xccl.XcclError as e:
