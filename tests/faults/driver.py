@@ -26,7 +26,7 @@ A round passes when:
     one of them names the dead or stopped rank (its rank in the failed operation's
     communicator, its global rank in a transport's words, or its pid). A rank whose error
     comes from a survivor that gave up and left before it (a "messenger") names that
-    survivor: xccl does not forward the first cause between ranks (see docs/reliability.md);
+    survivor: xccl does not forward the first cause between ranks;
     during start-up the store cannot tell which rank is missing, so no name is required;
   * no rank ever returned wrong data, crashed, or failed to destroy its process group;
   * nothing is still running at the hard deadline (else their Python stacks are dumped and

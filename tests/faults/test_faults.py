@@ -1,7 +1,7 @@
 """Runs the fault-injection driver (tests/faults/driver.py) for a fixed budget, and checks
 that its checks can fail (self-test rounds with wrong data and leftovers).
 
-``XCCL_FAULT_SEED`` (default 20) and ``XCCL_FAULT_BUDGET`` (seconds, default 75) change the
+``XCCL_FAULT_SEED`` (default 20) and ``XCCL_FAULT_BUDGET`` (seconds, default 70) change the
 run; a failure quotes the driver's report, with the command that replays the failing round.
 """
 
@@ -36,7 +36,7 @@ def _driver(*args: str, timeout: float) -> subprocess.CompletedProcess:
 
 def test_fault_rounds_within_budget():
     seed = os.environ.get("XCCL_FAULT_SEED", "20")
-    budget = float(os.environ.get("XCCL_FAULT_BUDGET", "75"))
+    budget = float(os.environ.get("XCCL_FAULT_BUDGET", "70"))
     # the last round may start just before the budget ends: 3 timeouts + 60 s + start-up
     res = _driver("--seed", seed, "--budget", str(budget), timeout=budget + 240)
     out = res.stdout + res.stderr
