@@ -104,11 +104,12 @@ class Plan:
         return (
             f"np={self.np} hosts={self.hosts} store={self.store} groups={self.groups} "
             f"max_count={self.max_count} fault={self.fault} victim=rank {self.victim} "
-            f"{'during start-up' if self.early else 'after start-up'} delay={self.delay:.2f}s"
+            f"{'during start-up' if self.early else 'after start-up'} "
+            f"at {self.delay * (2 if self.early else 1):.2f}s"
         )
 
 
-def make_plan(seed: int, rnd: int, np_fixed: Optional[int]) -> Plan:
+def make_plan(seed: int, rnd: int, np_fixed: Optional[int], early_share: float = 0.1) -> Plan:
     rng = random.Random(f"xccl-faults/{seed}/{rnd}")
     n = np_fixed or rng.randint(3, 6)
     nhosts = rng.choice([1, 2, 2, 3]) if n > 1 else 1
@@ -124,7 +125,7 @@ def make_plan(seed: int, rnd: int, np_fixed: Optional[int]) -> Plan:
         max_count=rng.choice([4096, 4096, 4096, 1 << 18]),
         fault=rng.choice(["kill", "stop"]),
         victim=rng.randrange(n),
-        early=rng.random() < 0.1,
+        early=rng.random() < early_share,
         delay=rng.uniform(0.0, 1.5),
     )
     if rng.random() < NO_FAULT_SHARE:  # drawn last: the other draws stay those of older runs
@@ -230,6 +231,8 @@ def replay_command(args: argparse.Namespace, rnd: int) -> str:
            "--first-round", str(rnd), "--rounds", "1", "--timeout", str(args.timeout)]
     if args.np:
         cmd += ["--np", str(args.np)]
+    if args.early_share != 0.1:
+        cmd += ["--early-share", str(args.early_share)]
     pp = os.environ.get("PYTHONPATH")
     return ("cd " + shlex.quote(REPO) + " && " + (f"PYTHONPATH={shlex.quote(pp)} " if pp else "")
             + shlex.join(cmd))
@@ -357,7 +360,7 @@ class Round:
         try:
             self.start()
             # --- wait for start-up (or inject during it)
-            fault_at = t0 + p.delay if p.early else None
+            fault_at = t0 + 2 * p.delay if p.early else None  # 0-3 s: imports, init, wire-up
             while self.fault_t is None and not self.problems:
                 now = time.monotonic()
                 if fault_at is not None and now >= fault_at:
@@ -576,6 +579,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--first-round", type=int, default=0, help="round number to start at")
     ap.add_argument("--np", type=int, default=None, help="ranks per job (default: 3-6)")
     ap.add_argument("--timeout", type=float, default=4.0, help="xccl timeout of the ranks (s)")
+    ap.add_argument("--early-share", type=float, default=0.1,
+                    help="share of faults injected while the ranks start (default 0.1)")
     ap.add_argument("--json", default=None, help="write a summary of the rounds here")
     ap.add_argument("-v", "--verbose", action="store_true")
     ap.add_argument("--selftest", choices=["wrong", "leak"], default="",
@@ -597,7 +602,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             break
         if args.budget is not None and time.monotonic() - t_start >= args.budget:
             break
-        plan = make_plan(args.seed, rnd, args.np)
+        plan = make_plan(args.seed, rnd, args.np, args.early_share)
         print(f"round {rnd}: {plan.describe()}", flush=True)
         r = Round(plan, args.timeout, args.verbose, args.selftest)
         t0 = time.monotonic()
