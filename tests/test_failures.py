@@ -137,3 +137,29 @@ def body_big_p2p(rank, world_size):
 def test_message_over_2gib(backend):
     res = run_spmd(body_big_p2p, 2, backend=backend, timeout=240, pg_timeout=200)
     assert res[1] == (0, True, 9, 7)
+
+
+def body_p2p_failure_names_its_comm(rank, world_size):
+    import xccl
+
+    g = xccl.new_group([1, 2, 3])  # group ranks 0, 1, 2 are global ranks 1, 2, 3
+    xccl.barrier()
+    if rank == 3:
+        os._exit(9)
+    if rank != 1:
+        return None
+    buf = np.zeros(8, np.float32)
+    with pytest.raises(xccl.XcclError) as info:
+        xccl.recv(buf, src=3, group=g, tag=5)
+    return str(info.value), g.group_name
+
+
+@pytest.mark.parametrize("backend", TRANSPORTS)
+def test_p2p_failure_names_operation_comm_and_rank(backend):
+    # a failed send or receive said only "receive from rank 2 failed: ...", with no word of
+    # the operation or the communicator whose rank 2 that is (here global rank 3)
+    res = run_spmd(body_p2p_failure_names_its_comm, 4, backend=backend, timeout=60,
+                   pg_timeout=20, expect_exit={3: 9})
+    msg, name = res[1]
+    assert msg.startswith(f"recv (p2p, tag 5) on comm '{name}' failed on rank 0: "), msg
+    assert "receive from rank 2" in msg, msg

@@ -429,6 +429,8 @@ xccl_work_t  *xccl_work_new(xccl_comm_t *comm, work_kind_t kind, const char *nam
 /* Records the final status of a Work, takes it off the active list and queues its callback.
  * Lock held. msg may be NULL (then the thread's last error is used for errors). */
 void          xccl_work_finish(xccl_work_t *w, xccl_status_t st, const char *msg);
+/* "send (p2p, tag T) on comm 'C' failed on rank R: <detail>" into buf; returns buf */
+const char   *xccl_p2p_error(const xccl_work_t *w, const char *detail, char *buf, size_t len);
 /* Adds a posted Work to the active list; unless `blocking`, counts it for the background
  * progress thread (started on first use). Lock held. */
 void          xccl_work_activate(xccl_work_t *w, int blocking);
