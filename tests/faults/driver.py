@@ -398,6 +398,8 @@ class Round:
 
     def _await_control(self) -> None:
         """A round without a fault: every rank must run its operations and exit cleanly."""
+        for rp in self.ranks:  # the sockets they hold now must be gone after the round
+            rp.sockets |= _socket_inodes(rp.proc.pid)
         hard = time.monotonic() + 2 * self.timeout + 60.0 + CONTROL_OPS * 0.2
         while time.monotonic() < hard and any(rp.proc.poll() is None for rp in self.ranks):
             self._pump(0.05)
@@ -446,6 +448,8 @@ class Round:
             )
 
     def _teardown(self) -> None:
+        if not hasattr(self, "sel"):
+            return  # start() failed before any rank started
         for rp in self.ranks:
             if rp.proc.poll() is None:
                 try:
