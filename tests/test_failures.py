@@ -163,3 +163,27 @@ def test_p2p_failure_names_operation_comm_and_rank(backend):
     msg, name = res[1]
     assert msg.startswith(f"recv (p2p, tag 5) on comm '{name}' failed on rank 0: "), msg
     assert "receive from rank 2" in msg, msg
+
+
+def body_queued_send_to_dead_peer(rank, world_size):
+    import xccl
+
+    xccl.barrier()
+    if rank == 1:
+        time.sleep(0.5)  # rank 0's send is queued (the socket full), never received
+        os._exit(9)
+    big = np.ones(64 << 20, np.uint8)
+    with pytest.raises(xccl.XcclError) as info:
+        xccl.send(big, dst=1)
+    return str(info.value)
+
+
+def test_queued_tcp_send_to_dead_peer_says_why():
+    # TCP failed the sends queued to a dead peer before telling the core why, so their
+    # error read "send to rank 1 failed: XCCL_ERR_REMOTE" (found by tests/faults/driver.py,
+    # seed 4 round 154); shm already set the reason first
+    res = run_spmd(body_queued_send_to_dead_peer, 2, backend="tcp", timeout=60, pg_timeout=20,
+                   expect_exit={1: 9})
+    msg = res[0]
+    assert "send to rank 1 failed: " in msg, msg
+    assert "XCCL_ERR_REMOTE" not in msg and "connection to rank 1" in msg, msg
