@@ -321,9 +321,7 @@ class Round:
                 msg = json.loads(line)
                 if msg["ev"] == "ready":
                     rp.ready = msg["t"]
-                    for gi, cname in enumerate(msg["comms"]):
-                        if cname:
-                            self.comms[cname] = gi
+                    self.comms.update(msg["comms"])
                 elif msg["ev"] == "end":
                     rp.end = msg
                     if msg["status"] not in ("error", "done") and self.fault_t is None:

@@ -6,15 +6,15 @@ workload (tests/workload.py) until an xccl operation fails (or, with FAULT_OPS=N
 operations: a fault-free control round), checking every result against numpy. It reports to
 the driver, one JSON object per line, on the file descriptor FAULT_FD:
 
-    {"ev": "ready", "rank": r, "t": monotonic, "comms": [...]}    after init and new_group
+    {"ev": "ready", "rank": r, "t": monotonic, "comms": {...}}    after init and new_group
     {"ev": "end", "rank": r, "status": S, "type": ..., "msg": ..., "ops": n, "t": monotonic}
 
 with S "done" (FAULT_OPS operations ran), "error" (an xccl error: the expected outcome once a
 peer died or stopped), "wrong" (a result differed from numpy: always a failure), or "crash"
 (any other exception). Then it destroys the process group and exits 0. time.monotonic() is
 CLOCK_MONOTONIC, the same clock in every process of the machine, so the driver can compare
-the times. "comms" is the communicator name of each workload group (for mapping the ranks an
-error message names).
+the times. "comms" maps communicator names to workload groups (for mapping the ranks an error
+message names).
 
 FAULT_SELFTEST=wrong|leak makes ranks misbehave on purpose (rank 0 reports wrong data; every
 rank leaves a file and a process in a session of its own behind), to show that the driver's
@@ -79,10 +79,15 @@ def main() -> int:
             timeout=timedelta(seconds=timeout),
         )
         handles = W.make_groups(xccl, groups)
-        names = [xccl.group.WORLD.group_name] + [
-            h.group_name if isinstance(h, xccl.ProcessGroup) else "" for h in handles[1:]
-        ]
-        _emit(fd, ev="ready", rank=rank, t=time.monotonic(), comms=names)
+        # communicator names as error messages quote them ("on comm 'X'"): the default
+        # group's communicator is named by its description ("default_pg"), the others by
+        # their group name
+        world = xccl.group.WORLD
+        comms = {world.group_desc: 0, world.group_name: 0}
+        for gi, h in enumerate(handles[1:], 1):
+            if isinstance(h, xccl.ProcessGroup):
+                comms[h.group_name] = gi
+        _emit(fd, ev="ready", rank=rank, t=time.monotonic(), comms=comms)
         wl = W.Workload(seed, world_size, groups, max_count=max_count)
         selftest = os.environ.get("FAULT_SELFTEST", "")
         if selftest == "leak":
