@@ -261,7 +261,8 @@ void xccl_work_progress_locked(xccl_work_t *w)
 
 void xccl_work_expire(xccl_work_t *w)
 {
-    char        msg[4096];
+    char        msg[4096], table[3072], silent[256];
+    size_t      tlen;
     size_t      off = 0;
     int         shown = 0;
     xccl_req_t *list  = w->kind == WORK_P2P ? w->req : w->task.reqs;
@@ -298,9 +299,18 @@ void xccl_work_expire(xccl_work_t *w)
     if (off >= sizeof(msg)) off = sizeof(msg) - 1;
     /* diag.c: where every member is. It lets the lock go while it waits for answers, so w may
      * finish otherwise meanwhile (its caller holds a reference; `expiring` keeps other
-     * progress passes from expiring it too) */
-    off += xccl_diag_table(w->comm, xccl_diag_wait_ms(w->timeout_ms), msg + off, sizeof(msg) - off);
+     * progress passes from expiring it too). The members that do not answer are named in the
+     * first line: the rank waited for may itself wait for one that is stopped or dead (a rank
+     * SIGSTOPped mid-ring is otherwise named only in the table) */
+    tlen = xccl_diag_table(w->comm, xccl_diag_wait_ms(w->timeout_ms), table, sizeof(table),
+                           silent, sizeof(silent));
     if (!w->active) return;
+    if (silent[0] != '\0' && off < sizeof(msg))
+        off += (size_t)snprintf(msg + off, sizeof(msg) - off,
+                                "; no answer from %s (stopped, dead, or not driving progress?)",
+                                silent);
+    if (off >= sizeof(msg)) off = sizeof(msg) - 1;
+    if (tlen > 0) off += (size_t)snprintf(msg + off, sizeof(msg) - off, "%s", table);
     (void)xccl_error_report(XCCL_ERR_TIMEOUT, __FILE__, __LINE__, "%s", msg);
     xccl_work_finish(w, XCCL_ERR_TIMEOUT, msg);
 }
