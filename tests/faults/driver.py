@@ -528,7 +528,11 @@ class Round:
             return False
         own = rf"on rank {members.index(rp.rank)}\b" if rp.rank in members else None
         text = re.sub(own, "", first) if own else first
-        return re.search(rf"\brank {members.index(p.victim)}\b", text) is not None
+        v = members.index(p.victim)
+        silent = re.search(r"no answer from ranks ([\d, ]+)", text)  # "ranks 1, 4" (timeouts)
+        if silent and v in [int(x) for x in silent.group(1).split(", ") if x]:
+            return True
+        return re.search(rf"\brank {v}\b", text) is not None
 
     def _check_leftovers(self) -> None:
         pids = {rp.proc.pid for rp in self.ranks}
