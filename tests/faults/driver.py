@@ -17,8 +17,8 @@ every reduction op, several dtypes and sizes, on random overlapping subgroups) a
 each result against numpy. At a random moment after all ranks are up (or, in one round in
 ten, while they are still starting) the driver SIGKILLs or SIGSTOPs one random rank. About
 one round in seven is a control round without a fault: every rank runs a fixed number of
-operations and must finish them all (an error there is a bug by itself: such a round found an
-algorithm choice that differed between ranks, which the faults had masked).
+operations and must finish them all (a fault can mask a hang of the library's own: the first
+bug this driver found, an algorithm choice that differed between ranks, hung with no fault).
 
 A round passes when:
   * every other rank raised an xccl error (XcclError or a subclass) within ``2 x timeout +
@@ -26,8 +26,9 @@ A round passes when:
     one of them names the dead or stopped rank (its rank in the failed operation's
     communicator, its global rank in a transport's words, or its pid). A rank whose error
     comes from a survivor that gave up and left before it (a "messenger") names that
-    survivor: xccl does not forward the first cause between ranks;
-    during start-up the store cannot tell which rank is missing, so no name is required;
+    survivor: xccl forwards a failure to the members of the same operation ("rank 0
+    reported: ..."), not to later operations or other communicators. During start-up the
+    store cannot tell which rank is missing, so no name is required there;
   * no rank ever returned wrong data, crashed, or failed to destroy its process group;
   * nothing is still running at the hard deadline (else their Python stacks are dumped and
     the round fails as a hang);
