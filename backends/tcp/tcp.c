@@ -231,6 +231,8 @@ static void tcp_fail_peer(xccl_tp_ctx_t *ctx, int peer, xccl_status_t st, const 
         p->broken_err = 0;
         ctx->nbroken--;
     }
+    /* the failed requests' messages (the core reads the thread's last error) say why */
+    (void)xccl_error_set(st, "%s", p->why);
     q          = p->sq_head;
     p->sq_head = p->sq_tail = NULL;
     while (q != NULL) {

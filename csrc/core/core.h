@@ -441,6 +441,8 @@ xccl_work_t  *xccl_work_new(xccl_comm_t *comm, work_kind_t kind, const char *nam
 /* Records the final status of a Work, takes it off the active list and queues its callback.
  * Lock held. msg may be NULL (then the thread's last error is used for errors). */
 void          xccl_work_finish(xccl_work_t *w, xccl_status_t st, const char *msg);
+/* "send (p2p, tag T) on comm 'C' failed on rank R: <detail>" into buf; returns buf */
+const char   *xccl_p2p_error(const xccl_work_t *w, const char *detail, char *buf, size_t len);
 /* Adds a posted Work to the active list; unless `blocking`, counts it for the background
  * progress thread (started on first use). Lock held. */
 void          xccl_work_activate(xccl_work_t *w, int blocking);
@@ -511,10 +513,12 @@ int           xccl_diag_ctrl_arrived(xccl_ctx_t *ctx, xccl_umsg_t *u);
  * finished #N op". Lock held. Returns the length written (buf is NUL-terminated). */
 size_t        xccl_diag_row(const xccl_comm_t *comm, char *buf, size_t len);
 /* Asks every other member of comm for its row, waits up to wait_ms (less once all answered or
- * are dead) and writes "\nwhere the N ranks of comm ... are:" plus one row per rank into buf.
- * Lock held; released while it sleeps (other threads may finish or fail operations of comm
- * meanwhile; comm itself stays). Returns the length written. */
-size_t        xccl_diag_table(xccl_comm_t *comm, int64_t wait_ms, char *buf, size_t len);
+ * are dead) and writes "\nwhere the N ranks of comm ... are:" plus one row per rank into buf,
+ * and into `silent` (may be NULL) the members that gave no answer ("rank 1", "ranks 1, 4";
+ * "" if none). Lock held; released while it sleeps (other threads may finish or fail
+ * operations of comm meanwhile; comm itself stays). Returns the length written to buf. */
+size_t        xccl_diag_table(xccl_comm_t *comm, int64_t wait_ms, char *buf, size_t len,
+                              char *silent, size_t slen);
 /* How long a timeout of timeout_ms collects answers: min(1 s, timeout / 4), at least 100 ms;
  * $XCCL_DIAG_WAIT_MS overrides (0: no table). */
 int64_t       xccl_diag_wait_ms(int64_t timeout_ms);
