@@ -149,6 +149,9 @@ class _LeakCheck:
         f = sys._getframe()
         while f is not None:
             f = f.f_back
+        # The symbolizer reads the list of loaded libraries once, at the first check: load
+        # xccl's extension before it, or the frames in it go unnamed in the reports.
+        importlib.import_module("xccl")
         self.base = self._records(self._run())
 
     def _run(self) -> str:
@@ -272,9 +275,10 @@ def _child_main(
     # What the leak check must see as reachable lives in this module's globals: LeakSanitizer
     # does not scan the running Python frames (CPython keeps them in mmap'd chunks), so an
     # object held by a local of this frame alone would look leaked.
+    preloaded = "xccl" in sys.modules
     _KEEP["leaks"] = _LeakCheck()
     _KEEP["leaks"].start()
-    _KEEP["msg"] = _run_rank(rank, world_size, fn_ref, payload, init)
+    _KEEP["msg"] = _run_rank(rank, world_size, fn_ref, payload, init, preloaded)
     leaked = _KEEP["leaks"].new_leaks()
     msg = _KEEP.pop("msg")
     if leaked is not None:
@@ -294,11 +298,12 @@ def _run_rank(
     fn_ref: tuple[str, str],
     payload: bytes,
     init: Optional[dict[str, Any]],
+    preloaded: bool,
 ) -> tuple[str, Any]:
     """Joins the group (with `init`), runs the test's function, leaves the group: ("ok",
-    pickled value) or ("err", text)."""
+    pickled value) or ("err", text). `preloaded`: xccl was imported before the rank began."""
     try:
-        if "xccl" in sys.modules:
+        if preloaded:
             raise RuntimeError(
                 "xccl was imported before the rank started (fork server "
                 "preload?): ranks must import it fresh"
