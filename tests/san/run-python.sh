@@ -14,8 +14,8 @@
 #   not a pyenv shim (a bash script, which would be run under ASan too);
 # - the rank processes of tests/harness.py fork from its fork server, which this environment
 #   starts, so they have the runtime and the options too; they end with os._exit, which skips
-#   LeakSanitizer at exit, so the harness runs the check in each rank (XCCL_TEST_LSAN=1) and
-#   a leak fails the test. An ASan or UBSan error kills the rank (halt_on_error, and the module
+#   LeakSanitizer at exit, so the harness runs the check in each rank (XCCL_TEST_LSAN=1) at
+#   its start and its end, and a leak new since the start fails the test. An ASan or UBSan error kills the rank (halt_on_error, and the module
 #   is built with -fno-sanitize-recover=undefined), which fails the test too;
 # - tests/san/sitecustomize.py runs the other processes' leak check at exit while the
 #   interpreter is still whole, and loads numpy and torch with LeakSanitizer off;
@@ -49,7 +49,7 @@ SAN_TESTS=(
     tests/san/test_san_selfcheck.py
 )
 
-PY=$(python3 -c 'import sys; print(sys.executable)')
+PY=$("${PYTHON:-python}" -c 'import sys; print(sys.executable)')  # the binary, not a shim
 ASAN_RT=$(gcc -print-file-name=libasan.so)
 if [ ! -e "$ASAN_RT" ]; then
     echo "run-python.sh: gcc has no libasan.so ($ASAN_RT)" >&2
@@ -57,9 +57,10 @@ if [ ! -e "$ASAN_RT" ]; then
 fi
 
 echo "=== building xccl._C with XCCL_SANITIZE=address into build/san-py"
+mkdir -p build/san-py
 XCCL_SANITIZE=address "$PY" setup.py -q build_ext --build-lib build/san-py/lib \
-    --build-temp build/san-py/tmp >build/san-py.build.log 2>&1 || {
-    cat build/san-py.build.log
+    --build-temp build/san-py/tmp >build/san-py/build.log 2>&1 || {
+    cat build/san-py/build.log
     exit 1
 }
 PKG=build/san-py/pkg
