@@ -110,6 +110,21 @@ def helper_pids() -> set[int]:
 # --------------------------------------------------------------------------- child side
 
 
+_PINNED: list[Any] = []
+
+
+def _pin_running_frames() -> None:
+    """Keeps every thread's running frames and their locals reachable from a global: CPython
+    keeps running frames in mmap'd chunks that LeakSanitizer does not scan, so an object held
+    only by a local of a running frame (this thread's, a helper thread's) would look leaked."""
+    _PINNED.clear()
+    for top in sys._current_frames().values():
+        f: Any = top
+        while f is not None:
+            _PINNED.append((f, f.f_locals))
+            f = f.f_back
+
+
 class _LeakCheck:
     """With ``XCCL_TEST_LSAN=1``: LeakSanitizer's check, run at the rank's start and end.
 
@@ -158,6 +173,7 @@ class _LeakCheck:
         import gc
 
         gc.collect()
+        _pin_running_frames()
         where = tempfile.mkdtemp(prefix="xccl-lsan-")
         try:
             self.set_path(os.path.join(where, "lsan").encode())
