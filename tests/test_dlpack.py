@@ -881,3 +881,14 @@ def test_source_rank_survives_destroy():
     r.wait()
     c.destroy()
     assert r.source_rank() == 0 and r.nbytes == 8
+
+
+def test_byte_offset_past_the_address_space_refused():
+    """Found by tests/fuzz (fuzz_dlpack, UBSan): data + byte_offset wrapped around the address
+    space and the wrapped pointer was accepted as the buffer."""
+    p = Producer(16, (4,), byte_offset=2**64 - 8)
+    with pytest.raises(ValueError, match="runs past the end of the address space"):
+        _C.buffer_info(p)
+    assert p.deleted == 1
+    ok = Producer(24, (4,), byte_offset=8)  # an offset inside the buffer still works
+    assert _C.buffer_info(ok) == ("float32", 4, "cpu", False)

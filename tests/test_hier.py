@@ -126,3 +126,36 @@ def test_hier_over_shm_and_tcp(tmp_path, hosts):
             assert algo in (expected["one_host"], "direct"), (rank, algo)
             np.testing.assert_array_equal(v, np.full(4, float(members)))
             np.testing.assert_array_equal(u, np.full(4, 2.0 * members))
+
+
+CHOICE_COLLS = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "gather",
+                "scatter", "all_to_all", "barrier")
+
+
+def body_alone_on_host(rank, world_size, store_path, hosts):
+    xccl = _init(rank, world_size, store_path, hosts)
+    from xccl import _group
+
+    comm = _group.resolve(None).comm
+    choices = {(c, 4**k): comm.choose(c, 4**k) for c in CHOICE_COLLS for k in range(1, 13)}
+    # the broadcast that hung: the lone rank chose binomial, the others hier
+    x = np.full(985, rank, np.float32)
+    if rank == 0:
+        x[:] = np.arange(985)
+    xccl.broadcast(x, src=0)
+    xccl.destroy_process_group()
+    return choices, x
+
+
+@pytest.mark.parametrize("hosts", [["a", "a", "b", "a", "a", "a"], ["a", "b", "b"]])
+def test_rank_alone_on_its_host_chooses_like_the_others(tmp_path, hosts):
+    # A rank with no peer on its host drops the shared-memory transport; it used to price the
+    # links inside a node with TCP instead of shm and so chose other algorithms than its
+    # peers: a broadcast that hung without any fault. Found twice: by tests/faults/driver.py and
+    # by tests/hosts with 3 + 1 ranks on network-namespace hosts.
+    res = run_spmd(body_alone_on_host, len(hosts), str(tmp_path / "store"), hosts, init=False,
+                   timeout=90)
+    for rank, (choices, x) in enumerate(res):
+        diff = {k: (v, res[0][0][k]) for k, v in choices.items() if v != res[0][0][k]}
+        assert not diff, (rank, diff)
+        np.testing.assert_array_equal(x, np.arange(985, dtype=np.float32))

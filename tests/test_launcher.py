@@ -386,6 +386,27 @@ def test_srun_task_is_exec_once(job):
     assert info["XCCL_AUTH_KEY"] is None and info["argv"] == ["x"]
 
 
+def test_srun_uneven_nodes_local_world_size(job):
+    # 3 tasks on node 0 and 1 on node 1 (SLURM_STEP_TASKS_PER_NODE="3,1"): each task's
+    # LOCAL_WORLD_SIZE is its own node's count, not WORLD_SIZE / nodes (found by the
+    # tests/hosts harness, which starts unequal hosts this way)
+    for procid, localid, nodeid, local_world in (("2", "2", "0", "3"), ("3", "0", "1", "1")):
+        env = dict(SLURM_TASK, SLURM_PROCID=procid, SLURM_LOCALID=localid, SLURM_NODEID=nodeid,
+                   SLURM_STEP_TASKS_PER_NODE="3,1")
+        proc, infos = job(env=env)
+        assert proc.returncode == 0, proc.stderr
+        assert infos[int(procid)]["LOCAL_WORLD_SIZE"] == local_world
+        assert infos[int(procid)]["LOCAL_RANK"] == localid
+
+
+def test_slurm_tasks_on_node():
+    from xccl.run import slurm_tasks_on_node
+
+    assert [slurm_tasks_on_node("2(x3),1", n) for n in range(5)] == [2, 2, 2, 1, None]
+    assert slurm_tasks_on_node("3,1", 1) == 1 and slurm_tasks_on_node("4", 0) == 4
+    assert slurm_tasks_on_node("2(x", 0) is None and slurm_tasks_on_node("", 0) is None
+
+
 def test_srun_exec_replaces_the_launcher(tmp_path):
     out = tmp_path / "out"
     out.mkdir()

@@ -115,7 +115,6 @@
 
 #define SHM_CMA_STEP     ((size_t)4 << 20)    /* most bytes one process_vm_readv pulls     */
 #define SHM_RING_MAX     ((uint64_t)1 << 20)  /* default ring size bounds                  */
-#define SHM_RING_MIN     ((uint64_t)128 << 10)
 #define SHM_RING_BUDGET  ((uint64_t)8 << 20)  /* default: the rings of a segment total this */
 #define SHM_RECV_MSGS    64                   /* messages per peer per progress pass       */
 #define SHM_LIVENESS_MS  100
@@ -363,21 +362,20 @@ static void shm_ring_read(const shm_ring_t *r, uint64_t pos, void *dst, size_t n
     if (n > first) memcpy((char *)dst + first, r->data, n - first);
 }
 
-static void shm_ring_map(shm_ring_t *r, shm_seg_hdr_t *seg, uint64_t hdr_bytes, int idx)
+/* ring_bytes: as checked (a peer's segment: the value xccl_shm_seg_check read, not the
+ * header's, which the peer could change after the check). */
+static void shm_ring_map(shm_ring_t *r, shm_seg_hdr_t *seg, uint64_t hdr_bytes,
+                         uint64_t ring_bytes, int idx)
 {
-    char *base = (char *)seg + hdr_bytes + (uint64_t)idx * (SHM_CTL_BYTES + seg->ring_bytes);
+    char *base = (char *)seg + hdr_bytes + (uint64_t)idx * (SHM_CTL_BYTES + ring_bytes);
 
     r->ctl  = (shm_ring_ctl_t *)base;
     r->data = base + SHM_CTL_BYTES;
-    r->cap  = seg->ring_bytes;
-    r->mask = seg->ring_bytes - 1;
+    r->cap  = ring_bytes;
+    r->mask = ring_bytes - 1;
 }
 
-static uint64_t shm_hdr_bytes(int size)
-{
-    uint64_t n = sizeof(shm_seg_hdr_t) + 4 * (uint64_t)size;
-    return (n + 4095) & ~(uint64_t)4095;
-}
+static uint64_t shm_hdr_bytes(int size) { return xccl_shm_hdr_bytes(size); }
 
 /* Removes segments whose owner died before it could unlink the name (killed between creating
  * its segment and wire-up): no process holds their lock any more. Only our user's files named
@@ -1040,15 +1038,6 @@ static void shm_close_peer(xccl_tp_ctx_t *ctx, int peer, const char *why)
  * Wire-up
  * ------------------------------------------------------------------------------------------- */
 
-static int shm_addr_decode(const void *blob, size_t len, shm_addr_t *a)
-{
-    if (blob == NULL || len != SHM_ADDR_LEN) return -1;
-    memcpy(a, blob, sizeof(*a));
-    if (memcmp(a->magic, SHM_ADDR_MAGIC, 4) != 0 || a->version != SHM_VERSION) return -1;
-    a->name[SHM_NAME_MAX - 1] = '\0';
-    return 0;
-}
-
 /* Decides whether we can pull `peer`'s memory: read its probe word with process_vm_readv. */
 static int shm_cma_probe(xccl_tp_ctx_t *ctx, shm_peer_t *p, const char **why)
 {
@@ -1084,8 +1073,9 @@ static xccl_status_t shm_attach(xccl_tp_ctx_t *ctx, int peer, const shm_addr_t *
     shm_seg_hdr_t *h;
     struct stat    sb;
     const char    *why = NULL;
-    int            fd, idx, cma;
+    int            fd, cma;
     void          *m;
+    shm_ring_loc_t loc;
 
     fd = shm_open(a->name, O_RDWR | O_CLOEXEC, 0);
     if (fd < 0) {
@@ -1109,13 +1099,8 @@ static xccl_status_t shm_attach(xccl_tp_ctx_t *ctx, int peer, const shm_addr_t *
                           ctx->rank, a->seg_bytes, a->name, strerror(e));
     }
     h = m;
-    idx = h->rank == peer && h->size == ctx->size && h->rank >= 0 ? h->ring_of[ctx->rank] : -1;
-    if (h->magic != SHM_SEG_MAGIC || h->version != SHM_VERSION || h->job_id != ctx->job_id ||
-        h->rank != peer || h->pid != a->pid || h->seg_bytes != a->seg_bytes || idx < 0 ||
-        idx >= h->nrings || h->ring_bytes < SHM_RING_MIN / 2 ||
-        (h->ring_bytes & (h->ring_bytes - 1)) != 0 ||
-        shm_hdr_bytes(h->size) + (uint64_t)h->nrings * (SHM_CTL_BYTES + h->ring_bytes) >
-            h->seg_bytes) {
+    if (xccl_shm_seg_check(h, a->seg_bytes, a->pid, peer, ctx->rank, ctx->size, ctx->job_id,
+                           &loc) != 0) {
         munmap(m, (size_t)a->seg_bytes);
         close(fd);
         return XCCL_ERROR(XCCL_ERR_REMOTE,
@@ -1126,8 +1111,8 @@ static xccl_status_t shm_attach(xccl_tp_ctx_t *ctx, int peer, const shm_addr_t *
     p->seg_bytes = a->seg_bytes;
     p->pid       = a->pid;
     snprintf(p->name, sizeof(p->name), "%s", a->name);
-    shm_ring_map(&p->out, h, shm_hdr_bytes(h->size), idx);
-    shm_ring_map(&p->in, ctx->seg, ctx->hdr_bytes, ctx->seg->ring_of[peer]);
+    shm_ring_map(&p->out, h, shm_hdr_bytes(ctx->size), loc.ring_bytes, loc.idx);
+    shm_ring_map(&p->in, ctx->seg, ctx->hdr_bytes, ctx->seg->ring_bytes, ctx->seg->ring_of[peer]);
     if (ctx->watch_lock || !shm_same_pidns(ctx, h->pid_ns)) {
         p->watch  = SHM_WATCH_LOCK;
         p->lockfd = fd;
@@ -1202,7 +1187,7 @@ static xccl_status_t shm_wireup(xccl_tp_ctx_t *ctx, const void *const *addrs, co
                             ctx->rank, i);
             goto out;
         }
-        if (shm_addr_decode(addrs[i], lens[i], &a[i]) != 0 || a[i].job_id != ctx->job_id ||
+        if (xccl_shm_addr_decode(addrs[i], lens[i], &a[i]) != 0 || a[i].job_id != ctx->job_id ||
             a[i].rank != i) {
             st = XCCL_ERROR(XCCL_ERR_INVALID_ARG,
                             "shm: rank %d: the address of rank %d is malformed or from another "

@@ -37,6 +37,7 @@
 #define XCCL_BACKENDS_SHM_LAYOUT_H
 
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "xccl/xccl_transport.h"
@@ -51,6 +52,8 @@
 #define SHM_CTL_BYTES  512 /* shm_ring_ctl_t, padded; the ring's data follows            */
 #define SHM_WHY_LEN    320 /* shm_ring_ctl_t.why                                          */
 #define SHM_NAME_PREFIX "xccl-"
+#define SHM_RING_MIN   ((uint64_t)128 << 10) /* default ring size floor; peers' rings are at
+                                                least half of it                          */
 
 /* Address blob (SHM_ADDR_LEN bytes). */
 typedef struct shm_addr {
@@ -138,5 +141,26 @@ _Static_assert(sizeof(shm_ring_ctl_t) <= SHM_CTL_BYTES, "ring control fits its a
 _Static_assert(sizeof(shm_addr_t) <= XCCL_TP_ADDR_MAX, "address blob fits");
 _Static_assert(ATOMIC_LLONG_LOCK_FREE == 2 && ATOMIC_INT_LOCK_FREE == 2,
                "atomics shared between processes must be lock-free");
+
+/* The parsers of what other processes wrote (shm_wire.c; tests/fuzz drives them). */
+
+/* Bytes of a segment's header area for `size` ranks (a multiple of 4 KiB). */
+uint64_t xccl_shm_hdr_bytes(int size);
+
+/* Decodes an address blob from the store into *a (name NUL-terminated): 0, or -1. */
+int xccl_shm_addr_decode(const void *blob, size_t len, shm_addr_t *a);
+
+/* Where the ring we write into lies in a peer's segment. */
+typedef struct shm_ring_loc {
+    int      idx;        /* ring index                                   */
+    uint64_t ring_bytes; /* its data bytes (power of two)                 */
+} shm_ring_loc_t;
+
+/* Checks the header of the segment of rank `peer` (its owner, pid `pid` per the address blob)
+ * as mapped by `rank` of `size` in job `job_id`: seg_bytes are mapped at h, at least
+ * xccl_shm_hdr_bytes(size). 0 and *loc set when it is that rank's segment and the ring of
+ * `rank` lies inside it; -1 otherwise. */
+int xccl_shm_seg_check(const shm_seg_hdr_t *h, uint64_t seg_bytes, int32_t pid, int peer,
+                       int rank, int size, uint64_t job_id, shm_ring_loc_t *loc);
 
 #endif /* XCCL_BACKENDS_SHM_LAYOUT_H */

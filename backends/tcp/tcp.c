@@ -207,68 +207,6 @@ static void tcp_wake(xccl_tp_ctx_t *ctx)
 
 static int64_t tcp_min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
-static const char *tcp_ack_reason(unsigned status)
-{
-    switch (status) {
-    case TCP_ACK_OK: return "accepted";
-    case TCP_ACK_VERSION: return "protocol version differs";
-    case TCP_ACK_ENDIAN: return "byte order differs";
-    case TCP_ACK_JOB: return "job id differs";
-    case TCP_ACK_RANK: return "rank out of range or not the one addressed";
-    case TCP_ACK_UNEXPECTED: return "that rank is not expected to connect here";
-    case TCP_ACK_DUPLICATE: return "that rank is already connected";
-    case TCP_ACK_AUTH_MODE: return "one side has an auth key and the other does not";
-    }
-    return "unknown reason";
-}
-
-/* Encodes/decodes the address blob (layout in tcp_wire.h). */
-static void tcp_addr_encode(const xccl_sockaddr_t *a, uint8_t out[TCP_ADDR_LEN])
-{
-    memset(out, 0, TCP_ADDR_LEN);
-    memcpy(out, TCP_ADDR_MAGIC, 4);
-    if (a->ss.ss_family == AF_INET) {
-        const struct sockaddr_in *s4 = (const struct sockaddr_in *)&a->ss;
-        out[4] = 4;
-        memcpy(out + 6, &s4->sin_port, 2); /* already big-endian */
-        memcpy(out + 12, &s4->sin_addr, 4);
-    } else {
-        const struct sockaddr_in6 *s6    = (const struct sockaddr_in6 *)&a->ss;
-        uint32_t                   scope = htonl(s6->sin6_scope_id);
-        out[4] = 6;
-        memcpy(out + 6, &s6->sin6_port, 2);
-        memcpy(out + 8, &scope, 4);
-        memcpy(out + 12, &s6->sin6_addr, 16);
-    }
-}
-
-static int tcp_addr_decode(const void *blob, size_t len, xccl_sockaddr_t *a)
-{
-    const uint8_t *in = blob;
-
-    if (blob == NULL || len != TCP_ADDR_LEN || memcmp(in, TCP_ADDR_MAGIC, 4) != 0) return -1;
-    memset(a, 0, sizeof(*a));
-    if (in[4] == 4) {
-        struct sockaddr_in *s4 = (struct sockaddr_in *)&a->ss;
-        s4->sin_family         = AF_INET;
-        memcpy(&s4->sin_port, in + 6, 2);
-        memcpy(&s4->sin_addr, in + 12, 4);
-        a->len = sizeof(*s4);
-    } else if (in[4] == 6) {
-        struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)&a->ss;
-        uint32_t             scope;
-        s6->sin6_family = AF_INET6;
-        memcpy(&s6->sin6_port, in + 6, 2);
-        memcpy(&scope, in + 8, 4);
-        s6->sin6_scope_id = ntohl(scope);
-        memcpy(&s6->sin6_addr, in + 12, 16);
-        a->len = sizeof(*s6);
-    } else {
-        return -1;
-    }
-    return 0;
-}
-
 /* ---------------------------------------------------------------------------------------------
  * Failure
  * ------------------------------------------------------------------------------------------- */
@@ -293,6 +231,8 @@ static void tcp_fail_peer(xccl_tp_ctx_t *ctx, int peer, xccl_status_t st, const 
         p->broken_err = 0;
         ctx->nbroken--;
     }
+    /* the failed requests' messages (the core reads the thread's last error) say why */
+    (void)xccl_error_set(st, "%s", p->why);
     q          = p->sq_head;
     p->sq_head = p->sq_tail = NULL;
     while (q != NULL) {
@@ -783,6 +723,8 @@ static xccl_status_t tcp_conn_read_ack(xccl_tp_ctx_t *ctx, int peer)
     tcp_ack_t    *a = &p->ack;
     ssize_t       r;
     xccl_status_t st;
+    char          why[160];
+    int           rc;
 
     r = recv(p->fd, (char *)a + p->ack_got, sizeof(*a) - p->ack_got, MSG_DONTWAIT);
     if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return XCCL_OK;
@@ -794,7 +736,8 @@ static xccl_status_t tcp_conn_read_ack(xccl_tp_ctx_t *ctx, int peer)
     p->ack_got += (size_t)r;
     if (p->ack_got < sizeof(*a)) return XCCL_OK;
 
-    if (memcmp(a->magic, TCP_MAGIC, 4) != 0) {
+    rc = xccl_tcp_ack_check(a, ctx->job_id, peer, why, sizeof(why));
+    if (rc < 0) {
         tcp_close(ctx, &p->fd);
         p->state = TCP_P_IDLE;
         return XCCL_ERROR(XCCL_ERR_AUTH,
@@ -802,19 +745,7 @@ static xccl_status_t tcp_conn_read_ack(xccl_tp_ctx_t *ctx, int peer)
                           "endpoint",
                           ctx->rank, p->name, peer);
     }
-    if (a->status != TCP_ACK_OK || a->version != TCP_PROTO_VERSION || a->job_id != ctx->job_id ||
-        a->rank != peer) {
-        char why[160];
-        if (a->status != TCP_ACK_OK)
-            snprintf(why, sizeof(why), "it refused us: %s", tcp_ack_reason(a->status));
-        else if (a->version != TCP_PROTO_VERSION)
-            snprintf(why, sizeof(why), "protocol version %u, ours is %u", a->version,
-                     TCP_PROTO_VERSION);
-        else if (a->job_id != ctx->job_id)
-            snprintf(why, sizeof(why), "job id %" PRIx64 ", ours is %" PRIx64, a->job_id,
-                     ctx->job_id);
-        else
-            snprintf(why, sizeof(why), "it is rank %d", (int)a->rank);
+    if (rc > 0) {
         tcp_close(ctx, &p->fd);
         p->state = TCP_P_IDLE;
         return XCCL_ERROR(XCCL_ERR_AUTH, "tcp: rank %d: connection to rank %d (%s) refused: %s",
@@ -869,8 +800,15 @@ static void tcp_pending_refuse(xccl_tp_ctx_t *ctx, int slot, unsigned status)
     n         = send(q->fd, &a, sizeof(a), MSG_NOSIGNAL | MSG_DONTWAIT);
     (void)n;
     snprintf(why, sizeof(why), "hello claims rank %d of job %" PRIx64 ": %s",
-             (int)q->hello.src_rank, q->hello.job_id, tcp_ack_reason(status));
+             (int)q->hello.src_rank, q->hello.job_id, xccl_tcp_ack_reason(status));
     tcp_pending_drop(ctx, slot, why);
+}
+
+/* For xccl_tcp_hello_check: is rank `src` connected, or being connected, already? */
+static int tcp_peer_busy(void *arg, int src)
+{
+    const xccl_tp_ctx_t *ctx = arg;
+    return ctx->peers[src].state != TCP_P_IDLE;
 }
 
 /* Acceptor: a whole hello is in; check it, answer, authenticate, and adopt the connection. */
@@ -881,16 +819,9 @@ static xccl_status_t tcp_pending_hello(xccl_tp_ctx_t *ctx, int slot)
     int            src = h->src_rank;
     tcp_ack_t      a;
     tcp_peer_t    *p;
+    unsigned       refuse = xccl_tcp_hello_check(h, ctx->rank, ctx->size, ctx->job_id, ctx->use,
+                                                 ctx->key != NULL, tcp_peer_busy, ctx);
 
-    unsigned       refuse = TCP_ACK_OK;
-
-    if (h->endian != TCP_ENDIAN_MARK) refuse = TCP_ACK_ENDIAN;
-    else if (h->version != TCP_PROTO_VERSION) refuse = TCP_ACK_VERSION;
-    else if (h->job_id != ctx->job_id) refuse = TCP_ACK_JOB;
-    else if (h->dst_rank != ctx->rank || src < 0 || src >= ctx->size) refuse = TCP_ACK_RANK;
-    else if (src <= ctx->rank || !ctx->use[src]) refuse = TCP_ACK_UNEXPECTED;
-    else if (ctx->peers[src].state != TCP_P_IDLE) refuse = TCP_ACK_DUPLICATE;
-    else if (!!(h->flags & TCP_HELLO_AUTH) != (ctx->key != NULL)) refuse = TCP_ACK_AUTH_MODE;
     if (refuse != TCP_ACK_OK) {
         tcp_pending_refuse(ctx, slot, refuse);
         return XCCL_OK;
@@ -1127,7 +1058,7 @@ static xccl_status_t tcp_wireup(xccl_tp_ctx_t *ctx, const void *const *addrs, co
 
         if (!use[i] || i == ctx->rank) continue;
         if (p->state == TCP_P_UP || p->state == TCP_P_DEAD) continue;
-        if (tcp_addr_decode(addrs[i], lens[i], &p->addr) != 0)
+        if (xccl_tcp_addr_decode(addrs[i], lens[i], &p->addr) != 0)
             return XCCL_ERROR(XCCL_ERR_INVALID_ARG,
                               "tcp: rank %d: the address of rank %d is malformed (%zu bytes)",
                               ctx->rank, i, lens[i]);
@@ -1317,7 +1248,7 @@ static int tcp_reachable(const xccl_tp_ctx_t *ctx, int peer)
 
 static xccl_status_t tcp_get_addr(xccl_tp_ctx_t *ctx, void *addr, size_t *len)
 {
-    tcp_addr_encode(&ctx->laddr, addr);
+    xccl_tcp_addr_encode(&ctx->laddr, addr);
     *len = TCP_ADDR_LEN;
     return XCCL_OK;
 }

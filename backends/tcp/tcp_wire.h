@@ -25,7 +25,10 @@
 #ifndef XCCL_BACKENDS_TCP_WIRE_H
 #define XCCL_BACKENDS_TCP_WIRE_H
 
+#include <stddef.h>
 #include <stdint.h>
+
+#include "xccl/xccl_tp_support.h" /* xccl_sockaddr_t */
 
 #define TCP_PROTO_VERSION 1
 #define TCP_MAGIC         "XTCP"  /* first 4 bytes of tcp_hello_t and tcp_ack_t          */
@@ -79,5 +82,25 @@ enum {
 
 _Static_assert(sizeof(tcp_hello_t) == 32, "tcp_hello_t is 32 bytes on the wire");
 _Static_assert(sizeof(tcp_ack_t) == 24, "tcp_ack_t is 24 bytes on the wire");
+
+/* The parsers of what other processes send (tcp_wire.c; tests/fuzz drives them). */
+
+/* Encodes a (listening) address into its blob; decodes one: 0, or -1 if it is malformed. */
+void xccl_tcp_addr_encode(const xccl_sockaddr_t *a, uint8_t out[TCP_ADDR_LEN]);
+int  xccl_tcp_addr_decode(const void *blob, size_t len, xccl_sockaddr_t *a);
+
+/* Acceptor `rank` of `size` in job `job_id`: TCP_ACK_OK if hello h may be adopted, else the
+ * refusal to send. use[s]: rank s is expected to connect (size entries); busy(arg, s): s is
+ * connected or connecting already (asked only for an expected s). */
+unsigned xccl_tcp_hello_check(const tcp_hello_t *h, int rank, int size, uint64_t job_id,
+                              const uint8_t *use, int has_key, int (*busy)(void *arg, int src),
+                              void *arg);
+
+/* Connector: 0 if ack a (from `peer`) accepts us; -1 if it is no xccl tcp ack at all; 1 if it
+ * refuses us or is not the acceptor we meant, with the reason in why. */
+int xccl_tcp_ack_check(const tcp_ack_t *a, uint64_t job_id, int peer, char *why, size_t len);
+
+/* "protocol version differs", ... for a TCP_ACK_* status. */
+const char *xccl_tcp_ack_reason(unsigned status);
 
 #endif /* XCCL_BACKENDS_TCP_WIRE_H */

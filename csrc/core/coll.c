@@ -717,8 +717,9 @@ static xccl_status_t p2p_post(xccl_comm_t *comm, req_kind_t kind, void *buf, siz
     w->t_start = w->t_enq; /* posting is its start */
     st = kind == REQ_SEND ? xccl_req_post_send(ctx, r) : xccl_req_post_recv(ctx, r);
     if (st < 0) {
+        char msg[800];
         r->state = REQ_DONE;
-        xccl_work_finish(w, st, NULL);
+        xccl_work_finish(w, st, xccl_p2p_error(w, xccl_last_error(), msg, sizeof(msg)));
     }
     pthread_mutex_unlock(&ctx->lock);
     xccl_ctx_run_callbacks(ctx);

@@ -325,6 +325,10 @@ struct xccl_ctx {
     xccl_peer_info_t *peers;
     tp_slot_t         tp[XCCL_MAX_TRANSPORTS];
     int               ntp;
+    /* the models communicators price links with (topo.c): from the transports asked for
+     * ($XCCL_TRANSPORTS), not those this rank loaded, so that they are the same on every rank */
+    xccl_cost_model_t model_intra, model_inter;
+    int               model_pull;
     int8_t           *peer_tp;   /* transport slot per world rank for host memory (-1: self) */
     /* transport slot per (memory type, world rank): [mem * size + rank]; -1: none moves that
      * memory type to that rank (or self) */
@@ -377,6 +381,18 @@ static inline void xccl_cpu_relax(void)
 }
 
 /* ctx.c */
+/* The address record each rank publishes through the store ("<prefix>addr/<rank>"):
+ * [u32 ntp, host order] then per transport [char name[16]][u32 len, host order][len bytes of
+ * its address blob]. Parsed from another process's bytes: names are cut at 15 characters, blobs
+ * point into p and lie inside it, and lens[i] <= XCCL_TP_ADDR_MAX. */
+typedef struct xccl_addr_rec {
+    int         ntp;
+    char        names[XCCL_MAX_TRANSPORTS][16];
+    size_t      lens[XCCL_MAX_TRANSPORTS];
+    const void *blobs[XCCL_MAX_TRANSPORTS];
+} xccl_addr_rec_t;
+/* XCCL_ERR_REMOTE (naming `rank`) when the record is malformed. */
+xccl_status_t xccl_addr_rec_parse(const uint8_t *p, size_t len, int rank, xccl_addr_rec_t *r);
 xccl_status_t xccl_ctx_create(const xccl_comm_config_t *cfg, xccl_ctx_t **out);
 /* Drops a communicator's reference; the last one tears the context down: waits for waiters to
  * leave, stops the progress thread, finalizes transports, frees every communicator. Lock NOT
@@ -425,6 +441,8 @@ xccl_work_t  *xccl_work_new(xccl_comm_t *comm, work_kind_t kind, const char *nam
 /* Records the final status of a Work, takes it off the active list and queues its callback.
  * Lock held. msg may be NULL (then the thread's last error is used for errors). */
 void          xccl_work_finish(xccl_work_t *w, xccl_status_t st, const char *msg);
+/* "send (p2p, tag T) on comm 'C' failed on rank R: <detail>" into buf; returns buf */
+const char   *xccl_p2p_error(const xccl_work_t *w, const char *detail, char *buf, size_t len);
 /* Adds a posted Work to the active list; unless `blocking`, counts it for the background
  * progress thread (started on first use). Lock held. */
 void          xccl_work_activate(xccl_work_t *w, int blocking);
@@ -469,6 +487,8 @@ int           xccl_comm_rank_of_world(const xccl_comm_t *comm, int world_rank);
 /* topo.c: fills comm->topo from the members' host identities and the transports' models;
  * called once the member list (comm->world) is set. */
 xccl_status_t xccl_comm_topo_init(xccl_comm_t *comm);
+void          xccl_ctx_topo_models(xccl_ctx_t *ctx, const xccl_transport_ops_t *const *cand,
+                                   int ncand);
 
 /* explain.c: the α-β-γ model used for selection. */
 const xccl_cost_model_t *xccl_core_default_model(void);
@@ -493,10 +513,12 @@ int           xccl_diag_ctrl_arrived(xccl_ctx_t *ctx, xccl_umsg_t *u);
  * finished #N op". Lock held. Returns the length written (buf is NUL-terminated). */
 size_t        xccl_diag_row(const xccl_comm_t *comm, char *buf, size_t len);
 /* Asks every other member of comm for its row, waits up to wait_ms (less once all answered or
- * are dead) and writes "\nwhere the N ranks of comm ... are:" plus one row per rank into buf.
- * Lock held; released while it sleeps (other threads may finish or fail operations of comm
- * meanwhile; comm itself stays). Returns the length written. */
-size_t        xccl_diag_table(xccl_comm_t *comm, int64_t wait_ms, char *buf, size_t len);
+ * are dead) and writes "\nwhere the N ranks of comm ... are:" plus one row per rank into buf,
+ * and into `silent` (may be NULL) the members that gave no answer ("rank 1", "ranks 1, 4";
+ * "" if none). Lock held; released while it sleeps (other threads may finish or fail
+ * operations of comm meanwhile; comm itself stays). Returns the length written to buf. */
+size_t        xccl_diag_table(xccl_comm_t *comm, int64_t wait_ms, char *buf, size_t len,
+                              char *silent, size_t slen);
 /* How long a timeout of timeout_ms collects answers: min(1 s, timeout / 4), at least 100 ms;
  * $XCCL_DIAG_WAIT_MS overrides (0: no table). */
 int64_t       xccl_diag_wait_ms(int64_t timeout_ms);

@@ -84,15 +84,7 @@ static void local_peer_info(xccl_peer_info_t *pi)
         if (CPU_ISSET(c, &set)) pi->cpus[c / 64] |= 1ull << (c % 64);
 }
 
-/* Address record: [u32 ntp] then per transport [char name[16]][u32 len][blob]. */
-typedef struct addr_rec {
-    int         ntp;
-    char        names[XCCL_MAX_TRANSPORTS][16];
-    size_t      lens[XCCL_MAX_TRANSPORTS];
-    const void *blobs[XCCL_MAX_TRANSPORTS];
-} addr_rec_t;
-
-static xccl_status_t addr_parse(const uint8_t *p, size_t len, int rank, addr_rec_t *r)
+xccl_status_t xccl_addr_rec_parse(const uint8_t *p, size_t len, int rank, xccl_addr_rec_t *r)
 {
     size_t   off = 4;
     uint32_t n;
@@ -246,7 +238,7 @@ xccl_status_t xccl_ctx_create(const xccl_comm_config_t *cfg, xccl_ctx_t **out)
     int64_t                     tmo   = cfg->timeout_ms;
     int64_t                     t_end = xccl_now_ms() + tmo;
     uint8_t                    *rec   = NULL;
-    addr_rec_t                 *recs  = NULL;
+    xccl_addr_rec_t            *recs  = NULL;
     void                      **raw   = NULL;
     const char                 *spec  = cfg->transports ? cfg->transports : getenv("XCCL_TRANSPORTS");
     const void                 *key_p = cfg->auth_key;
@@ -335,6 +327,7 @@ xccl_status_t xccl_ctx_create(const xccl_comm_config_t *cfg, xccl_ctx_t **out)
                         spec ? spec : "");
         goto out;
     }
+    xccl_ctx_topo_models(ctx, cand, ncand); /* as on every other rank (topo.c) */
     {
         xccl_tp_init_params_t p = {
             .rank = cfg->rank, .size = cfg->size, .job_id = ctx->job_id, .peers = ctx->peers,
@@ -384,7 +377,7 @@ xccl_status_t xccl_ctx_create(const xccl_comm_config_t *cfg, xccl_ctx_t **out)
         snprintf(key, sizeof(key), "%saddr/%d", prefix, r);
         st = xccl_store_get(cfg->store, key, t_end - xccl_now_ms(), &raw[r], &vlen);
         if (st < 0) goto out;
-        XCCL_CHECK_GOTO(addr_parse(raw[r], vlen, r, &recs[r]), st, out);
+        XCCL_CHECK_GOTO(xccl_addr_rec_parse(raw[r], vlen, r, &recs[r]), st, out);
     }
 
     /* 4. per (peer, memory type) transport choice - the first in preference order that both

@@ -61,6 +61,7 @@ static struct {
     uint64_t          comm_id;
     int64_t           t_ms;
     char             *text;
+    char             *silent;
 } cache;
 
 /* Appends printf output at *off, never past len - 1 (buf stays NUL-terminated). */
@@ -278,7 +279,24 @@ static void collect(diag_wait_t *d, uint8_t *dead, int64_t wait_ms)
     }
 }
 
-static size_t table(xccl_comm_t *comm, int64_t wait_ms, int use_cache, char *buf, size_t len)
+/* "rank 1" or "ranks 1, 4, 5": the members that gave no answer (none: ""). */
+static void put_silent(char *buf, size_t len, const diag_wait_t *d)
+{
+    size_t off = 0;
+    int    n   = 0;
+
+    buf[0] = '\0';
+    for (int r = 0; r < d->comm->size; r++) n += d->rows[r] == NULL;
+    for (int r = 0, k = 0; r < d->comm->size; r++) {
+        if (d->rows[r] != NULL) continue;
+        put(buf, len, &off, "%s%s%d", k == 0 ? (n > 1 ? "ranks " : "rank ") : "", k ? ", " : "",
+            r);
+        k++;
+    }
+}
+
+static size_t table(xccl_comm_t *comm, int64_t wait_ms, int use_cache, char *buf, size_t len,
+                    char *silent, size_t slen)
 {
     xccl_ctx_t *ctx = comm->ctx;
     size_t      off = 0;
@@ -286,6 +304,7 @@ static size_t table(xccl_comm_t *comm, int64_t wait_ms, int use_cache, char *buf
     uint8_t    *dead;
     char        row[DIAG_ROW_MAX];
 
+    if (silent != NULL && slen > 0) silent[0] = '\0';
     if (len == 0) return 0;
     buf[0] = '\0';
     if (comm->size < 2 || comm->destroyed || wait_ms <= 0) return 0;
@@ -293,6 +312,8 @@ static size_t table(xccl_comm_t *comm, int64_t wait_ms, int use_cache, char *buf
     if (use_cache && cache.text != NULL && cache.ctx == ctx && cache.comm_id == comm->id &&
         xccl_now_ms() - cache.t_ms < DIAG_CACHE_MS) {
         put(buf, len, &off, "%s", cache.text);
+        if (silent != NULL && slen > 0)
+            snprintf(silent, slen, "%s", cache.silent != NULL ? cache.silent : "");
         pthread_mutex_unlock(&reg_lock);
         return off;
     }
@@ -328,8 +349,12 @@ static size_t table(xccl_comm_t *comm, int64_t wait_ms, int use_cache, char *buf
     put(buf, len, &off, "\nwhere the %d ranks of comm '%s' are (asked on rank %d):", comm->size,
         comm->name, comm->rank);
     put_rows(buf, len, &off, &d, dead, wait_ms);
+    put_silent(row, sizeof(row), &d);
+    if (silent != NULL && slen > 0) snprintf(silent, slen, "%s", row);
     pthread_mutex_lock(&reg_lock);
     free(cache.text);
+    free(cache.silent);
+    cache.silent  = strdup(row);
     cache.text    = strdup(buf);
     cache.ctx     = ctx;
     cache.comm_id = comm->id;
@@ -345,9 +370,10 @@ out:
     return off;
 }
 
-size_t xccl_diag_table(xccl_comm_t *comm, int64_t wait_ms, char *buf, size_t len)
+size_t xccl_diag_table(xccl_comm_t *comm, int64_t wait_ms, char *buf, size_t len, char *silent,
+                       size_t slen)
 {
-    return table(comm, wait_ms, 1, buf, len);
+    return table(comm, wait_ms, 1, buf, len, silent, slen);
 }
 
 size_t xccl_comm_diag_table(xccl_comm_t *comm, int64_t wait_ms, char *buf, size_t len)
@@ -356,7 +382,7 @@ size_t xccl_comm_diag_table(xccl_comm_t *comm, int64_t wait_ms, char *buf, size_
 
     if (comm == NULL || buf == NULL || len == 0) return 0;
     pthread_mutex_lock(&comm->ctx->lock);
-    n = table(comm, wait_ms, 0, buf, len);
+    n = table(comm, wait_ms, 0, buf, len, NULL, 0);
     pthread_mutex_unlock(&comm->ctx->lock);
     return n;
 }

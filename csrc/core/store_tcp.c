@@ -67,6 +67,8 @@
 /* How long a client waits for a GET/WAIT answer beyond the request's own timeout (the server
  * answers TIMEOUT itself at the deadline; this only covers a server that stopped answering). */
 #define TCP_REPLY_GRACE_MS  5000
+/* A client's first reply buffer; it grows as more of a longer reply arrives. */
+#define CLIENT_BUF_FIRST    (64u * 1024u)
 
 enum {
     CMD_JOIN = 1,
@@ -259,6 +261,8 @@ typedef struct tcp_server {
     pthread_cond_t  cond;
     int             joined;       /* JOIN requests served                                 */
     int             running;
+    int             auth_failed;  /* clients that failed authentication ...               */
+    char            auth_failed_name[64]; /* ... and the address of the last one          */
 } tcp_server_t;
 
 /* Tags for the two non-connection fds in epoll_event.data.ptr. */
@@ -618,6 +622,10 @@ static void conn_auth(tcp_server_t *srv, conn_t *c)
             XCCL_WARN("TCP store server %s: client %s failed authentication (wrong key?); "
                       "connection closed",
                       srv->addr_str, c->name);
+            pthread_mutex_lock(&srv->mu); /* for the timeout message of wait_workers */
+            srv->auth_failed++;
+            snprintf(srv->auth_failed_name, sizeof(srv->auth_failed_name), "%s", c->name);
+            pthread_mutex_unlock(&srv->mu);
             c->close_after_flush = 1;
         } else {
             c->state = ST_AUTH_VERDICT;
@@ -978,7 +986,8 @@ static xccl_status_t client_call(tcp_store_t *t, buf_t *b, int64_t deadline_ms, 
 {
     uint8_t       hdr[TCP_HDR_LEN];
     uint32_t      len;
-    uint8_t      *p;
+    uint8_t      *p = NULL;
+    size_t        cap, got;
     xccl_status_t st;
 
     *resp = NULL;
@@ -1006,22 +1015,34 @@ static xccl_status_t client_call(tcp_store_t *t, buf_t *b, int64_t deadline_ms, 
                           "length %u); does the server expect an auth key?",
                           t->server_str, op, get_be32(hdr), len);
     }
-    p = malloc(len);
-    if (p == NULL) {
-        client_drop(t);
-        return XCCL_ERROR(XCCL_ERR_NO_MEMORY, "TCP store %s: reply of %u bytes", t->server_str,
-                          len);
-    }
+    /* The buffer grows with what arrives (at most doubling), as the server's does: a reply
+     * header announcing 1 GiB costs memory only once the bytes are there. */
+    cap = len < CLIENT_BUF_FIRST ? len : CLIENT_BUF_FIRST;
+    p   = malloc(cap);
+    if (p == NULL) goto oom;
     memcpy(p, hdr, sizeof(hdr));
-    st = xccl_sock_recv_all(t->fd, p + TCP_HDR_LEN, len - TCP_HDR_LEN, deadline_ms);
-    if (st != XCCL_OK) {
-        free(p);
-        client_drop(t);
-        return with_context(t, st, op, key);
+    for (got = TCP_HDR_LEN; got < len; got = cap) {
+        if (got == cap) {
+            uint8_t *q;
+            cap = len - cap < cap ? len : 2 * cap;
+            q   = realloc(p, cap);
+            if (q == NULL) goto oom;
+            p = q;
+        }
+        st = xccl_sock_recv_all(t->fd, p + got, cap - got, deadline_ms);
+        if (st != XCCL_OK) {
+            free(p);
+            client_drop(t);
+            return with_context(t, st, op, key);
+        }
     }
     *resp = p;
     *rlen = len;
     return XCCL_OK;
+oom:
+    free(p);
+    client_drop(t);
+    return XCCL_ERROR(XCCL_ERR_NO_MEMORY, "TCP store %s: reply of %u bytes", t->server_str, len);
 }
 
 /* Turns a non-OK response status into an error (ERROR responses carry the server's text). */
@@ -1341,7 +1362,8 @@ static xccl_status_t wait_workers(tcp_store_t *t, int world_size, int64_t deadli
                                   int64_t timeout_ms)
 {
     tcp_server_t *srv = t->server;
-    int           joined;
+    int           joined, failed;
+    char          last[sizeof(srv->auth_failed_name)];
 
     pthread_mutex_lock(&srv->mu);
     while (srv->joined < world_size && xccl_now_ms() < deadline_ms) {
@@ -1350,8 +1372,16 @@ static xccl_status_t wait_workers(tcp_store_t *t, int world_size, int64_t deadli
         pthread_cond_timedwait(&srv->cond, &srv->mu, &ts);
     }
     joined = srv->joined;
+    failed = srv->auth_failed;
+    memcpy(last, srv->auth_failed_name, sizeof(last));
     pthread_mutex_unlock(&srv->mu);
     if (joined >= world_size) return XCCL_OK;
+    if (failed > 0) /* the missing workers may be those: say so where the job is waited for */
+        return XCCL_ERROR(XCCL_ERR_TIMEOUT,
+                          "TCP store %s: only %d of %d workers connected within %" PRId64
+                          " ms; %d connection(s) failed authentication (the last from %s): "
+                          "do all ranks have the same XCCL_AUTH_KEY?",
+                          t->server_str, joined, world_size, timeout_ms, failed, last);
     return XCCL_ERROR(XCCL_ERR_TIMEOUT,
                       "TCP store %s: only %d of %d workers connected within %" PRId64 " ms",
                       t->server_str, joined, world_size, timeout_ms);

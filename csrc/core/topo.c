@@ -12,7 +12,11 @@
  * peers (XCCL_TP_CAP_INTRA_HOST, e.g. shm), links between nodes with the best one that crosses
  * hosts (e.g. tcp); a transport that publishes no α/β gets the core's default. Every rank
  * loads the same transports ($XCCL_TRANSPORTS must agree, like $XCCL_ALGO), so every rank
- * prices alike and chooses the same algorithm.
+ * prices alike and chooses the same algorithm. The models come from the transports every
+ * rank asked for (xccl_ctx_topo_models), not from those this rank loaded and kept: a rank
+ * alone on its host loads no shared-memory transport (no peer to reach), yet must price the
+ * links inside the other nodes as their members do, or it picks another algorithm than they
+ * do and the call hangs until its timeout.
  */
 #include "core/core.h"
 
@@ -29,27 +33,36 @@ static xccl_cost_model_t transport_model(const xccl_transport_ops_t *ops)
     return m;
 }
 
-/* The highest-priority loaded transport with (intra = 1) or without (intra = 0) the
+/* The highest-priority transport of `ops` with (intra = 1) or without (intra = 0) the
  * same-host capability; NULL if none. */
-static const xccl_transport_ops_t *best_transport(const xccl_ctx_t *ctx, int intra)
+static const xccl_transport_ops_t *best_transport(const xccl_transport_ops_t *const *ops, int n,
+                                                  int intra)
 {
     const xccl_transport_ops_t *best = NULL;
 
-    for (int i = 0; i < ctx->ntp; i++) {
-        const xccl_transport_ops_t *ops = ctx->tp[i].ops;
-        if (((ops->caps & XCCL_TP_CAP_INTRA_HOST) != 0) != intra) continue;
-        if (best == NULL || ops->priority > best->priority) best = ops;
+    for (int i = 0; i < n; i++) {
+        if (ops[i]->abi_version != XCCL_TRANSPORT_ABI_VERSION) continue;
+        if (((ops[i]->caps & XCCL_TP_CAP_INTRA_HOST) != 0) != intra) continue;
+        if (best == NULL || ops[i]->priority > best->priority) best = ops[i];
     }
     return best;
 }
 
+void xccl_ctx_topo_models(xccl_ctx_t *ctx, const xccl_transport_ops_t *const *cand, int ncand)
+{
+    const xccl_transport_ops_t *inter = best_transport(cand, ncand, 0);
+    const xccl_transport_ops_t *intra = best_transport(cand, ncand, 1);
+
+    ctx->model_inter = transport_model(inter != NULL ? inter : intra);
+    ctx->model_intra = transport_model(intra != NULL ? intra : inter);
+    ctx->model_pull  = intra != NULL && (intra->caps & XCCL_TP_CAP_RECV_PULL) != 0;
+}
+
 xccl_status_t xccl_comm_topo_init(xccl_comm_t *comm)
 {
-    const xccl_ctx_t           *ctx     = comm->ctx;
-    const xccl_transport_ops_t *inter   = best_transport(ctx, 0);
-    const xccl_transport_ops_t *intra   = best_transport(ctx, 1);
-    int                        *node_of = malloc((size_t)comm->size * sizeof(int));
-    int                         nnodes  = 0;
+    const xccl_ctx_t *ctx     = comm->ctx;
+    int              *node_of = malloc((size_t)comm->size * sizeof(int));
+    int               nnodes  = 0;
 
     if (node_of == NULL) return XCCL_ERR_NO_MEMORY;
     for (int i = 0; i < comm->size; i++) {
@@ -63,9 +76,9 @@ xccl_status_t xccl_comm_topo_init(xccl_comm_t *comm)
     }
     comm->topo.nnodes  = nnodes;
     comm->topo.node_of = node_of;
-    comm->topo.inter   = transport_model(inter != NULL ? inter : intra);
-    comm->topo.intra   = transport_model(intra != NULL ? intra : inter);
-    comm->topo.pull    = intra != NULL && (intra->caps & XCCL_TP_CAP_RECV_PULL) != 0;
+    comm->topo.inter   = ctx->model_inter;
+    comm->topo.intra   = ctx->model_intra;
+    comm->topo.pull    = ctx->model_pull;
     comm->topo.scarce  = 0;
     for (int i = 0; i < comm->size; i++)
         comm->topo.scarce |= ctx->peer_scarce[comm->world[i]];

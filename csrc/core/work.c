@@ -184,6 +184,16 @@ void xccl_work_finish(xccl_work_t *w, xccl_status_t st, const char *msg)
     xccl_comm_unref(w->comm); /* the Work no longer reads w->comm */
 }
 
+/* A failed point-to-point operation in the words of a failed collective: which operation, on
+ * which communicator, on which of its ranks (the ranks it names are that communicator's). */
+const char *xccl_p2p_error(const xccl_work_t *w, const char *detail, char *buf, size_t len)
+{
+    snprintf(buf, len, "%s (p2p, tag %llu) on comm '%s' failed on rank %d: %s", w->name,
+             (unsigned long long)(w->req != NULL ? w->req->tag : 0), w->comm->name,
+             w->comm->rank, detail != NULL && *detail ? detail : "failure");
+    return buf;
+}
+
 /* The message of a failed request: the transport's reason for its peer when there is one. */
 static const char *req_error(xccl_ctx_t *ctx, const xccl_req_t *r, char *buf, size_t len)
 {
@@ -218,8 +228,14 @@ void xccl_req_finished(xccl_ctx_t *ctx, xccl_req_t *r)
         /* recorded now: the communicator may be gone when the user asks */
         if (r->kind == REQ_RECV && r->status == XCCL_OK)
             w->source = xccl_comm_rank_of_world(w->comm, r->src);
-        if (r->status == XCCL_OK) xccl_work_finish(w, XCCL_OK, NULL);
-        else xccl_work_finish(w, r->status, req_error(ctx, r, msg, sizeof(msg)));
+        if (r->status == XCCL_OK) {
+            xccl_work_finish(w, XCCL_OK, NULL);
+        } else {
+            char full[800];
+            xccl_work_finish(w, r->status,
+                             xccl_p2p_error(w, req_error(ctx, r, msg, sizeof(msg)), full,
+                                            sizeof(full)));
+        }
         return;
     }
     w->task.npending--;
@@ -245,7 +261,8 @@ void xccl_work_progress_locked(xccl_work_t *w)
 
 void xccl_work_expire(xccl_work_t *w)
 {
-    char        msg[4096];
+    char        msg[4096], table[3072], silent[256];
+    size_t      tlen;
     size_t      off = 0;
     int         shown = 0;
     xccl_req_t *list  = w->kind == WORK_P2P ? w->req : w->task.reqs;
@@ -282,9 +299,18 @@ void xccl_work_expire(xccl_work_t *w)
     if (off >= sizeof(msg)) off = sizeof(msg) - 1;
     /* diag.c: where every member is. It lets the lock go while it waits for answers, so w may
      * finish otherwise meanwhile (its caller holds a reference; `expiring` keeps other
-     * progress passes from expiring it too) */
-    off += xccl_diag_table(w->comm, xccl_diag_wait_ms(w->timeout_ms), msg + off, sizeof(msg) - off);
+     * progress passes from expiring it too). The members that do not answer are named in the
+     * first line: the rank waited for may itself wait for one that is stopped or dead (a rank
+     * SIGSTOPped mid-ring is otherwise named only in the table) */
+    tlen = xccl_diag_table(w->comm, xccl_diag_wait_ms(w->timeout_ms), table, sizeof(table),
+                           silent, sizeof(silent));
     if (!w->active) return;
+    if (silent[0] != '\0' && off < sizeof(msg))
+        off += (size_t)snprintf(msg + off, sizeof(msg) - off,
+                                "; no answer from %s (stopped, dead, or not driving progress?)",
+                                silent);
+    if (off >= sizeof(msg)) off = sizeof(msg) - 1;
+    if (tlen > 0) off += (size_t)snprintf(msg + off, sizeof(msg) - off, "%s", table);
     (void)xccl_error_report(XCCL_ERR_TIMEOUT, __FILE__, __LINE__, "%s", msg);
     xccl_work_finish(w, XCCL_ERR_TIMEOUT, msg);
 }

@@ -27,130 +27,14 @@
 #include <string.h>
 
 #include "dlpack.h"
-
-static const char *device_name(int32_t type)
-{
-    switch (type) {
-    case kDLCPU: return "cpu";
-    case kDLCUDA: return "cuda";
-    case kDLCUDAHost: return "cuda_host";
-    case kDLOpenCL: return "opencl";
-    case kDLVulkan: return "vulkan";
-    case kDLMetal: return "metal";
-    case kDLVPI: return "vpi";
-    case kDLROCM: return "rocm";
-    case kDLROCMHost: return "rocm_host";
-    case kDLExtDev: return "ext_dev";
-    case kDLCUDAManaged: return "cuda_managed";
-    case kDLOneAPI: return "oneapi";
-    case kDLWebGPU: return "webgpu";
-    case kDLHexagon: return "hexagon";
-    case kDLMAIA: return "maia";
-    }
-    return NULL;
-}
+#include "dlpack_check.h"
 
 PyObject *xccl_py_device_string(int32_t device_type, int32_t device_id)
 {
-    const char *name = device_name(device_type);
+    char buf[64];
 
-    if (device_type == kDLCPU) return PyUnicode_FromString("cpu");
-    if (name == NULL) return PyUnicode_FromFormat("device_type_%d:%d", device_type, device_id);
-    return PyUnicode_FromFormat("%s:%d", name, device_id);
-}
-
-static int dtype_from_dlpack(DLDataType dt, xccl_dtype_t *out)
-{
-    if (dt.lanes != 1) return -1;
-    switch (dt.code) {
-    case kDLBool:
-        if (dt.bits == 8) *out = XCCL_BOOL;
-        return dt.bits == 8 ? 0 : -1;
-    case kDLUInt:
-        if (dt.bits == 8) *out = XCCL_UINT8;
-        return dt.bits == 8 ? 0 : -1;
-    case kDLInt:
-        switch (dt.bits) {
-        case 8: *out = XCCL_INT8; return 0;
-        case 16: *out = XCCL_INT16; return 0;
-        case 32: *out = XCCL_INT32; return 0;
-        case 64: *out = XCCL_INT64; return 0;
-        }
-        return -1;
-    case kDLFloat:
-        switch (dt.bits) {
-        case 16: *out = XCCL_FLOAT16; return 0;
-        case 32: *out = XCCL_FLOAT32; return 0;
-        case 64: *out = XCCL_FLOAT64; return 0;
-        }
-        return -1;
-    case kDLBfloat:
-        if (dt.bits == 16) *out = XCCL_BFLOAT16;
-        return dt.bits == 16 ? 0 : -1;
-    case kDLComplex:
-        if (dt.bits == 64) *out = XCCL_COMPLEX64;
-        if (dt.bits == 128) *out = XCCL_COMPLEX128;
-        return dt.bits == 64 || dt.bits == 128 ? 0 : -1;
-    }
-    return -1;
-}
-
-static const char *dtype_code_name(uint8_t code)
-{
-    switch (code) {
-    case kDLInt: return "int";
-    case kDLUInt: return "uint";
-    case kDLFloat: return "float";
-    case kDLOpaqueHandle: return "opaque handle";
-    case kDLBfloat: return "bfloat";
-    case kDLComplex: return "complex";
-    case kDLBool: return "bool";
-    /* the narrow floats of DLPack 1.1 */
-    case 7: return "float8_e3m4";
-    case 8: return "float8_e4m3";
-    case 9: return "float8_e4m3b11fnuz";
-    case 10: return "float8_e4m3fn";
-    case 11: return "float8_e4m3fnuz";
-    case 12: return "float8_e5m2";
-    case 13: return "float8_e5m2fnuz";
-    case 14: return "float8_e8m0fnu";
-    case 15: return "float6_e2m3fn";
-    case 16: return "float6_e3m2fn";
-    case 17: return "float4_e2m1fn";
-    }
-    return "unknown";
-}
-
-/* "(2, 3)" into buf (truncated with "..." when long). */
-static void format_dims(char *buf, size_t len, const int64_t *v, int32_t n)
-{
-    size_t off = 0;
-    int    w;
-
-    w   = snprintf(buf, len, "(");
-    off = w > 0 ? (size_t)w : 0;
-    for (int32_t i = 0; i < n && off < len; i++) {
-        w = snprintf(buf + off, len - off, "%s%" PRId64, i ? ", " : "", v[i]);
-        if (w < 0) break;
-        off += (size_t)w;
-    }
-    if (off < len) snprintf(buf + off, len - off, n == 1 ? ",)" : ")");
-    if (off >= len && len > 4) memcpy(buf + len - 5, "...)", 5);
-}
-
-/* Compact row-major, ignoring the stride of every dimension of extent 1 (torch reports
- * arbitrary strides there). An empty tensor is contiguous. */
-static int is_compact(const DLTensor *dl, size_t count)
-{
-    int64_t expect = 1;
-
-    if (dl->strides == NULL || count == 0) return 1;
-    for (int32_t i = dl->ndim - 1; i >= 0; i--) {
-        if (dl->shape[i] == 1) continue;
-        if (dl->strides[i] != expect) return 0;
-        expect *= dl->shape[i];
-    }
-    return 1;
+    xccl_dlpack_device_str(device_type, device_id, buf, sizeof(buf));
+    return PyUnicode_FromString(buf);
 }
 
 void xccl_py_tensor_release(xccl_py_tensor_t *t)
@@ -395,11 +279,11 @@ int xccl_py_tensor_acquire(xccl_py_state_t *state, PyObject *obj, int flags,
 {
     PyObject       *cap;
     const DLTensor *dl;
-    uint64_t        dlflags = 0;
-    size_t          count   = 1;
-    xccl_dtype_t    dtype   = XCCL_BOOL;
-    char            dims[160], strides[160];
-    int             rc;
+    uint64_t              dlflags = 0;
+    xccl_dlpack_view_t    view;
+    xccl_dlpack_verdict_t verdict;
+    char                  msg[512];
+    int                   rc;
 
     memset(t, 0, sizeof(*t));
     if (take_buffer(obj, flags, t) == 0) return 0;
@@ -435,79 +319,27 @@ int xccl_py_tensor_acquire(xccl_py_state_t *state, PyObject *obj, int flags,
     } else {
         dl = &((DLManagedTensor *)t->managed)->dl_tensor;
     }
-    t->device_type = dl->device.device_type;
-    t->device_id   = dl->device.device_id;
-    t->read_only   = (dlflags & DLPACK_FLAG_BITMASK_READ_ONLY) != 0;
-
-    if (!(flags & XCCL_PY_BUF_ANY_DEVICE) && t->device_type != kDLCPU &&
-        t->device_type != kDLCUDAHost) {
-        PyObject *dev = xccl_py_device_string(t->device_type, t->device_id);
-        xccl_py_tensor_release(t);
-        if (dev != NULL) {
-            xccl_py_raise_fmt(state, XCCL_ERR_NOT_SUPPORTED,
-                              WHAT_FMT ": device %U is not supported by this transport yet",
-                              WHAT_ARGS(what), dev);
-            Py_DECREF(dev);
-        }
-        return -1;
-    }
-    if (dtype_from_dlpack(dl->dtype, &dtype) < 0) {
-        PyErr_Format(PyExc_TypeError,
-                     WHAT_FMT ": unsupported dtype (DLPack code %d (%s), bits %d, lanes %d); "
-                     "xccl handles bool, uint8, int8/16/32/64, float16/32/64, bfloat16 and "
-                     "complex64/128 with lanes=1",
-                     WHAT_ARGS(what), (int)dl->dtype.code, dtype_code_name(dl->dtype.code),
-                     (int)dl->dtype.bits, (int)dl->dtype.lanes);
+    verdict = xccl_dlpack_check(dl, dlflags, (flags & XCCL_PY_BUF_OUTPUT) != 0,
+                                (flags & XCCL_PY_BUF_ANY_DEVICE) != 0, &view, msg, sizeof(msg));
+    t->device_type = view.device_type;
+    t->device_id   = view.device_id;
+    t->read_only   = view.read_only;
+    switch (verdict) {
+    case XCCL_DLPACK_OK: break;
+    case XCCL_DLPACK_BAD_DTYPE:
+        PyErr_Format(PyExc_TypeError, WHAT_FMT ": %s", WHAT_ARGS(what), msg);
+        goto fail;
+    case XCCL_DLPACK_BAD_DEVICE:
+        xccl_py_raise_fmt(state, XCCL_ERR_NOT_SUPPORTED, WHAT_FMT ": %s", WHAT_ARGS(what), msg);
+        goto fail;
+    default:
+        xccl_py_raise_fmt(state, XCCL_ERR_INVALID_ARG, WHAT_FMT ": %s", WHAT_ARGS(what), msg);
         goto fail;
     }
-    if (dl->ndim < 0 || (dl->ndim > 0 && dl->shape == NULL)) {
-        xccl_py_raise_fmt(state, XCCL_ERR_INVALID_ARG,
-                          WHAT_FMT ": malformed DLPack tensor (ndim %d)", WHAT_ARGS(what),
-                          (int)dl->ndim);
-        goto fail;
-    }
-    for (int32_t i = 0; i < dl->ndim; i++) {
-        size_t limit = SIZE_MAX / xccl_dtype_size(dtype); /* keeps count * itemsize in range */
-        if (dl->shape[i] < 0 || (dl->shape[i] > 0 && count > limit / (size_t)dl->shape[i])) {
-            xccl_py_raise_fmt(state, XCCL_ERR_INVALID_ARG,
-                              WHAT_FMT ": malformed DLPack tensor (dimension %d has extent %lld)",
-                              WHAT_ARGS(what), (int)i, (long long)dl->shape[i]);
-            goto fail;
-        }
-        count *= (size_t)dl->shape[i];
-    }
-    if (!is_compact(dl, count)) {
-        format_dims(strides, sizeof(strides), dl->strides, dl->ndim);
-        format_dims(dims, sizeof(dims), dl->shape, dl->ndim);
-        xccl_py_raise_fmt(state, XCCL_ERR_INVALID_ARG,
-                          WHAT_FMT
-                          ": non-contiguous buffer (strides %s, shape %s) is not supported; "
-                          "call .contiguous() / np.ascontiguousarray first",
-                          WHAT_ARGS(what), strides, dims);
-        goto fail;
-    }
-    if (dl->data == NULL && count > 0) {
-        xccl_py_raise_fmt(state, XCCL_ERR_INVALID_ARG,
-                          WHAT_FMT ": DLPack tensor with a NULL data pointer", WHAT_ARGS(what));
-        goto fail;
-    }
-    if ((flags & XCCL_PY_BUF_OUTPUT) && t->read_only) {
-        xccl_py_raise_fmt(state, XCCL_ERR_INVALID_ARG,
-                          WHAT_FMT ": read-only buffer cannot receive data", WHAT_ARGS(what));
-        goto fail;
-    }
-    if ((flags & XCCL_PY_BUF_OUTPUT) && (dlflags & DLPACK_FLAG_BITMASK_IS_COPIED)) {
-        xccl_py_raise_fmt(state, XCCL_ERR_INVALID_ARG,
-                          WHAT_FMT
-                          ": the producer exported a copy (DLPack IS_COPIED), so received data "
-                          "would not reach the original buffer",
-                          WHAT_ARGS(what));
-        goto fail;
-    }
-    t->data  = dl->data == NULL ? NULL : (char *)dl->data + dl->byte_offset;
-    t->count = count;
-    t->rows  = dl->ndim > 0 ? dl->shape[0] : -1;
-    t->dtype = dtype;
+    t->data  = view.data;
+    t->count = view.count;
+    t->rows  = view.rows;
+    t->dtype = view.dtype;
     return 0;
 fail:
     xccl_py_tensor_release(t);

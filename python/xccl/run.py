@@ -337,6 +337,21 @@ def first_slurm_host(nodelist: str) -> str:
     return m.group(1) + first + m.group(3)
 
 
+def slurm_tasks_on_node(tasks_per_node: str, node: int) -> Optional[int]:
+    """The task count of node ``node`` (0-based) in a Slurm tasks-per-node list such as
+    ``3,1`` or ``2(x3),1`` (None if the list is malformed or has no such node)."""
+    seen = 0
+    for item in tasks_per_node.strip().split(","):
+        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", item.strip())
+        if not m:
+            return None
+        repeat = int(m.group(2) or "1")
+        if node < seen + repeat:
+            return int(m.group(1))
+        seen += repeat
+    return None
+
+
 def _slurm_port(environ: Mapping[str, str]) -> int:
     job = environ.get("SLURM_JOB_ID", "")
     # A port derived from the job id: the same on every task, different for jobs sharing a node.
@@ -402,10 +417,10 @@ def external_env(
         local_rank = int(environ.get("SLURM_LOCALID", "0"))
         node_rank = int(environ.get("SLURM_NODEID", "0"))
         nnodes = _slurm_nnodes(environ)
-        local_world = world // nnodes if world % nnodes == 0 else 0
         tpn = environ.get("SLURM_STEP_TASKS_PER_NODE") or environ.get("SLURM_TASKS_PER_NODE", "")
-        if tpn.isdigit():
-            local_world = int(tpn)
+        local_world = slurm_tasks_on_node(tpn, node_rank)
+        if local_world is None:
+            local_world = world // nnodes if world % nnodes == 0 else 0
         nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST", "")
         addr = environ.get("MASTER_ADDR") or (first_slurm_host(nodelist) if nodelist else "")
         port = environ.get("MASTER_PORT") or str(_slurm_port(environ))

@@ -787,13 +787,16 @@ typedef struct master_arg {
     int64_t       timeout;
     xccl_store_t *s;
     xccl_status_t st;
+    const char   *key;      /* NULL: no authentication                               */
+    char          msg[512]; /* the master's error message (errors are per thread)    */
 } master_arg_t;
 
 static void *run_master(void *arg)
 {
     master_arg_t *ma = arg;
-    ma->st = xccl_store_tcp_create("127.0.0.1", ma->port, 1, ma->world, 1, ma->timeout, NULL, 0,
-                                   &ma->s);
+    ma->st = xccl_store_tcp_create("127.0.0.1", ma->port, 1, ma->world, 1, ma->timeout, ma->key,
+                                   ma->key ? strlen(ma->key) : 0, &ma->s);
+    snprintf(ma->msg, sizeof(ma->msg), "%s", ma->st == XCCL_OK ? "" : xccl_last_error());
     return NULL;
 }
 
@@ -805,14 +808,14 @@ static void test_tcp_workers(void)
     int64_t       t0 = xccl_now_ms();
 
     /* nobody else comes: the timeout names how many arrived */
-    ma = (master_arg_t){free_port(), 3, 150, NULL, XCCL_OK};
+    ma = (master_arg_t){free_port(), 3, 150, NULL, XCCL_OK, NULL, ""};
     run_master(&ma);
     CHECK(ma.st == XCCL_ERR_TIMEOUT);
     CHECK_MSG(strstr(xccl_last_error(), "1 of 3") != NULL, "%s", xccl_last_error());
     CHECK(xccl_now_ms() - t0 < 3000);
 
     /* two workers join: the master's create returns */
-    ma = (master_arg_t){free_port(), 3, 5000, NULL, XCCL_OK};
+    ma = (master_arg_t){free_port(), 3, 5000, NULL, XCCL_OK, NULL, ""};
     pthread_create(&th, NULL, run_master, &ma);
     CHECK(xccl_store_tcp_create("127.0.0.1", ma.port, 0, 3, 0, 5000, NULL, 0, &c1) == XCCL_OK);
     CHECK(xccl_store_tcp_create("127.0.0.1", ma.port, 0, 3, 0, 5000, NULL, 0, &c2) == XCCL_OK);
@@ -825,6 +828,30 @@ static void test_tcp_workers(void)
     }
     xccl_store_release(c1);
     xccl_store_release(c2);
+
+    /* a worker with another key is refused; the master's timeout says that some connection
+     * failed authentication, from where, and which variable to check: on the master's host
+     * "1 of 2 workers connected" alone does not tell a wrong key from a dead host (found by
+     * tests/hosts, hosts with different XCCL_AUTH_KEYs) */
+    ma = (master_arg_t){free_port(), 2, 1500, NULL, XCCL_OK, "the-key", ""};
+    pthread_create(&th, NULL, run_master, &ma);
+    {
+        xccl_store_t *bad = NULL;
+        xccl_status_t st  = XCCL_ERR_TIMEOUT;
+        int64_t       end = xccl_now_ms() + 1000;
+        /* until the master listens: refused connections are retried inside create */
+        while (st != XCCL_ERR_AUTH && xccl_now_ms() < end)
+            st = xccl_store_tcp_create("127.0.0.1", ma.port, 0, 2, 0, 200, "other", 5, &bad);
+        CHECK(st == XCCL_ERR_AUTH && bad == NULL);
+    }
+    pthread_join(th, NULL);
+    CHECK(ma.st == XCCL_ERR_TIMEOUT);
+    CHECK_MSG(strstr(ma.msg, "1 of 2 workers") != NULL, "%s", ma.msg);
+    CHECK_MSG(strstr(ma.msg, "1 connection(s) failed authentication (the last from 127.0.0.1:") !=
+                  NULL,
+              "%s", ma.msg);
+    CHECK_MSG(strstr(ma.msg, "XCCL_AUTH_KEY") != NULL, "%s", ma.msg);
+    if (ma.st == XCCL_OK) xccl_store_release(ma.s);
 
     /* binding to every address; clients still reach it through loopback */
     CHECK(xccl_store_tcp_create(NULL, 0, 1, 1, 0, 5000, NULL, 0, &c1) == XCCL_OK);
