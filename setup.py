@@ -4,8 +4,11 @@ What is built: the C engine (csrc/core, csrc/algo), the CPython extension (csrc/
 two transports that exist, tcp and shm (backends/tcp, backends/shm). There is no CUDA or
 libibverbs backend yet; the module needs only libc, libdl and libm, and moves CPU memory only.
 
-Environment: ``XCCL_WERROR=0`` builds without -Werror; ``XCCL_SANITIZE=1`` builds with
-AddressSanitizer and UndefinedBehaviorSanitizer.
+Environment: ``XCCL_WERROR=0`` builds without -Werror; ``XCCL_SANITIZE=address`` (or ``1``)
+builds with AddressSanitizer and UndefinedBehaviorSanitizer (every UB report is fatal). Such a
+module imports only into a process that has the ASan runtime first:
+``LD_PRELOAD=$(gcc -print-file-name=libasan.so)``; tests/san/run-python.sh builds it into
+build/san-py/ and runs part of the Python suite with it.
 """
 
 import glob
@@ -33,8 +36,12 @@ extra = ["-std=c11", "-O2", "-g", "-fvisibility=hidden", "-Wall", "-Wextra", "-W
          "-Wno-missing-field-initializers", "-Wno-cast-function-type"]
 if os.environ.get("XCCL_WERROR", "1") != "0":
     extra.append("-Werror")
-if os.environ.get("XCCL_SANITIZE"):
-    extra += ["-fsanitize=address,undefined", "-fno-omit-frame-pointer"]
+SANITIZE = os.environ.get("XCCL_SANITIZE", "")
+if SANITIZE not in ("", "0", "1", "address"):
+    raise SystemExit(f"XCCL_SANITIZE={SANITIZE!r}: expected 'address' (or 1), or unset")
+SAN_FLAGS = ["-fsanitize=address,undefined"] if SANITIZE in ("1", "address") else []
+if SAN_FLAGS:
+    extra += SAN_FLAGS + ["-fno-sanitize-recover=undefined", "-fno-omit-frame-pointer", "-O1"]
 
 ext = Extension(
     "xccl._C",
@@ -42,8 +49,7 @@ ext = Extension(
     include_dirs=["csrc/include", "csrc"],
     define_macros=_macros(),
     extra_compile_args=extra,
-    extra_link_args=["-pthread"] + (["-fsanitize=address,undefined"]
-                                    if os.environ.get("XCCL_SANITIZE") else []),
+    extra_link_args=["-pthread"] + SAN_FLAGS,
     libraries=["dl", "m"],
 )
 

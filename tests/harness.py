@@ -27,6 +27,11 @@ message of a rank that died or hung.
 ``XCCL_TEST_START_METHOD=spawn`` runs the children with "spawn" instead (slower: each child
 imports torch itself; it also runs the interpreter's full shutdown, which forked children
 skip).
+
+``XCCL_TEST_LSAN=1`` (set by tests/san/run-python.sh, whose processes run with the ASan runtime
+preloaded): a rank that forked from the fork server ends with ``os._exit``, which skips
+LeakSanitizer's check at exit, so each rank runs the check itself after its body (and the
+process group's destroy): a leak fails the rank, with LeakSanitizer's report in its log.
 """
 
 from __future__ import annotations
@@ -105,6 +110,119 @@ def helper_pids() -> set[int]:
 # --------------------------------------------------------------------------- child side
 
 
+_PINNED: list[Any] = []
+
+
+def _pin_running_frames() -> None:
+    """Keeps every thread's running frames and their locals reachable from a global: CPython
+    keeps running frames in mmap'd chunks that LeakSanitizer does not scan, so an object held
+    only by a local of a running frame (this thread's, a helper thread's) would look leaked."""
+    _PINNED.clear()
+    for top in sys._current_frames().values():
+        f: Any = top
+        while f is not None:
+            _PINNED.append((f, f.f_locals))
+            f = f.f_back
+
+
+class _LeakCheck:
+    """With ``XCCL_TEST_LSAN=1``: LeakSanitizer's check, run at the rank's start and end.
+
+    A forked rank starts with blocks LeakSanitizer calls leaked: CPython's after-fork reset
+    drops the old locks and thread states, the fork server's own leftovers. What matters is
+    what the rank's own run adds, so the first check is the baseline and :meth:`new_leaks`
+    reports only the stacks that are new or leak more bytes than at the start. Each check's
+    report goes to a private file (``__sanitizer_set_report_path``), not to the job's report
+    directory."""
+
+    def __init__(self) -> None:
+        self.rt: Any = None
+        self.base: dict[str, tuple[int, str]] = {}
+        if os.environ.get("XCCL_TEST_LSAN") != "1":
+            return
+        import ctypes
+
+        rt = ctypes.CDLL(None)  # getattr: a "__name" in a class body would be mangled
+        if not hasattr(rt, "__lsan_do_recoverable_leak_check"):
+            raise RuntimeError("XCCL_TEST_LSAN=1 but no LeakSanitizer runtime (LD_PRELOAD?)")
+        self.rt = rt
+        self.check = getattr(rt, "__lsan_do_recoverable_leak_check")
+        self.set_path = getattr(rt, "__sanitizer_set_report_path")
+        self.restore = b"stderr"
+        for opt in os.environ.get("ASAN_OPTIONS", "").split(":"):
+            key, _, value = opt.partition("=")
+            if key == "log_path" and value:
+                self.restore = value.encode()
+
+    def start(self) -> None:
+        """The baseline. Call it with this object stored where the check can see it."""
+        if self.rt is None:
+            return
+        # CPython creates a running frame's frame object only when asked (warnings, tracebacks
+        # do) and keeps it in its mmap'd frame stack, which LeakSanitizer does not scan:
+        # create those of the frames running now, so that they are part of the baseline.
+        f = sys._getframe()
+        while f is not None:
+            f = f.f_back
+        # The symbolizer reads the list of loaded libraries once, at the first check: load
+        # xccl's extension before it, or the frames in it go unnamed in the reports.
+        importlib.import_module("xccl")
+        self.base = self._records(self._run())
+
+    def _run(self) -> str:
+        import gc
+
+        gc.collect()
+        _pin_running_frames()
+        where = tempfile.mkdtemp(prefix="xccl-lsan-")
+        try:
+            self.set_path(os.path.join(where, "lsan").encode())
+            try:
+                self.check()
+            finally:
+                self.set_path(self.restore)
+            text = ""
+            for name in sorted(os.listdir(where)):
+                with open(os.path.join(where, name), errors="replace") as f:
+                    text += f.read()
+            return text
+        finally:
+            shutil.rmtree(where, ignore_errors=True)
+
+    @staticmethod
+    def _records(text: str) -> dict[str, tuple[int, str]]:
+        """The report's leak records ("Direct leak of N byte(s) in K object(s) allocated
+        from:" and a stack): stack (kind and frames, less frame numbers and addresses) ->
+        (bytes, the record's text)."""
+        out: dict[str, tuple[int, str]] = {}
+        for chunk in text.split("\n\n"):
+            chunk = chunk.strip("\n")
+            if not chunk.startswith(("Direct leak of", "Indirect leak of")):
+                continue
+            head, *frames = chunk.splitlines()
+            kind, _, rest = head.partition(" leak of ")
+            key = kind + "\n" + "\n".join(f.split(" in ", 1)[-1] for f in frames)
+            size = out.get(key, (0, ""))[0] + int(rest.split(" ", 1)[0])
+            out[key] = (size, chunk)
+        return out
+
+    def new_leaks(self) -> Optional[str]:
+        """None, or a message; the new records are printed to stderr (the rank's log)."""
+        if self.rt is None:
+            return None
+        now = self._records(self._run())
+        new = [rec for key, (size, rec) in now.items() if size > self.base.get(key, (0, ""))[0]]
+        if not new:
+            return None
+        print(
+            f"LeakSanitizer: {len(new)} leak record(s) new since the rank started:\n\n"
+            + "\n\n".join(new),
+            file=sys.stderr,
+            flush=True,
+        )
+        return f"LeakSanitizer found {len(new)} new leak(s) in this rank (report in its output)"
+
+
 def _set_death_signal() -> None:
     """Asks Linux to SIGKILL this rank when its parent (the fork server, which exits with the
     test process) dies, so that an interrupted test run leaves no rank behind."""
@@ -170,9 +288,38 @@ def _child_main(
     # applied before the test module or xccl is imported.
     os.environ.clear()
     os.environ.update(environ)
-    msg: tuple[str, Any]
+    # What the leak check must see as reachable lives in this module's globals: LeakSanitizer
+    # does not scan the running Python frames (CPython keeps them in mmap'd chunks), so an
+    # object held by a local of this frame alone would look leaked.
+    preloaded = "xccl" in sys.modules
+    _KEEP["leaks"] = _LeakCheck()
+    _KEEP["leaks"].start()
+    _KEEP["msg"] = _run_rank(rank, world_size, fn_ref, payload, init, preloaded)
+    leaked = _KEEP["leaks"].new_leaks()
+    msg = _KEEP.pop("msg")
+    if leaked is not None:
+        msg = ("err", leaked if msg[0] == "ok" else f"{leaked}; and before that:\n{msg[1]}")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    _send(conn, msg)
+    conn.close()
+
+
+_KEEP: dict[str, Any] = {}
+
+
+def _run_rank(
+    rank: int,
+    world_size: int,
+    fn_ref: tuple[str, str],
+    payload: bytes,
+    init: Optional[dict[str, Any]],
+    preloaded: bool,
+) -> tuple[str, Any]:
+    """Joins the group (with `init`), runs the test's function, leaves the group: ("ok",
+    pickled value) or ("err", text). `preloaded`: xccl was imported before the rank began."""
     try:
-        if "xccl" in sys.modules:
+        if preloaded:
             raise RuntimeError(
                 "xccl was imported before the rank started (fork server "
                 "preload?): ranks must import it fresh"
@@ -193,18 +340,14 @@ def _child_main(
         if init is not None:
             xccl.destroy_process_group()
         try:
-            msg = ("ok", pickle.dumps(value))
+            return ("ok", pickle.dumps(value))
         except Exception as e:
-            msg = ("err", f"the return value {value!r:.200} cannot be pickled: {e!r}")
+            return ("err", f"the return value {value!r:.200} cannot be pickled: {e!r}")
     except BaseException as e:
         tb = e.__traceback__
-        if tb is not None and tb.tb_frame.f_code is _child_main.__code__:
+        if tb is not None and tb.tb_frame.f_code is _run_rank.__code__:
             tb = tb.tb_next  # start the report at the test's own code
-        msg = ("err", "".join(traceback.format_exception(type(e), e, tb)))
-    sys.stdout.flush()
-    sys.stderr.flush()
-    _send(conn, msg)
-    conn.close()
+        return ("err", "".join(traceback.format_exception(type(e), e, tb)))
 
 
 # --------------------------------------------------------------------------- parent side

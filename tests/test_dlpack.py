@@ -243,8 +243,12 @@ class FutureProducer(Producer):
     pass
 
 
+# A capsule keeps a pointer to its name: the name must outlive it. A literal passed in place
+# would be a constant of this module's top-level code, freed once the import is done (found
+# by AddressSanitizer, tests/san/run-python.sh: heap-use-after-free in PyCapsule_IsValid).
+_EXCHANGE_NAME = b"dlpack_exchange_api"
 FutureProducer.__dlpack_c_exchange_api__ = ctypes.pythonapi.PyCapsule_New(
-    ctypes.addressof(_FUTURE), b"dlpack_exchange_api", None
+    ctypes.addressof(_FUTURE), _EXCHANGE_NAME, None
 )
 
 

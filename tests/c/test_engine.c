@@ -45,8 +45,16 @@
 static char store_path[256];
 
 /* The largest malloc since the counter was reset (the test's own malloc wraps glibc's; not
- * under AddressSanitizer, which owns malloc). */
-#if defined(__SANITIZE_ADDRESS__)
+ * under AddressSanitizer or ThreadSanitizer, which own malloc: TSan's runtime calls malloc
+ * before it is initialised, and an instrumented malloc crashes there). */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define SAN_OWNS_MALLOC 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define SAN_OWNS_MALLOC 1
+#endif
+#endif
+#if defined(SAN_OWNS_MALLOC)
 #define HOOK_MALLOC 0
 #else
 #define HOOK_MALLOC 1

@@ -27,9 +27,11 @@ struct xccl_tp_ctx {
     tpw_t w; /* the wrapped tcp (tp_wrap.h) */
 };
 
+/* Bumped by the progress thread (under the context's lock) and read by the test's thread:
+ * atomic. */
 static struct {
-    int      inits, finalizes, wireups;
-    uint64_t sends, send_bytes, progress;
+    _Atomic int      inits, finalizes, wireups;
+    _Atomic uint64_t sends, send_bytes, progress;
 } cnt;
 
 static xccl_status_t w_init(const xccl_tp_init_params_t *params, xccl_tp_ctx_t **out)
