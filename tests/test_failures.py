@@ -225,3 +225,63 @@ def test_timeout_names_the_stopped_rank_first(backend):
         assert "no answer from rank 1 (stopped, dead, or not driving progress?)" in first, (
             rank, first)
     assert "waiting for a message from rank 2" in res[3], res[3]
+
+
+def body_finished_op_failed_elsewhere(rank, world_size):
+    import xccl
+
+    store = xccl._get_default_store()
+    xccl.barrier()  # everyone connected
+    if rank == 2:
+        os._exit(9)
+    piece = np.full(4, rank + 1, np.float32)
+
+    def refused():
+        t1 = time.monotonic()
+        with pytest.raises(xccl.XcclError) as later:
+            xccl.all_reduce(piece)  # the communicator is broken: refused at once
+        return str(later.value), type(later.value).__name__, time.monotonic() - t1
+
+    if rank == 1:
+        xccl.gather(piece, dst=0)  # its piece goes out eagerly: its part is done
+        store.set("gathered", b"1")
+        x = np.zeros(4, np.float32)
+        t0 = time.monotonic()
+        with pytest.raises(xccl.XcclError) as info:
+            xccl.broadcast(x, src=0)  # rank 0 never posts it: its gather failed
+        waited = time.monotonic() - t0
+        later = refused()
+        store.set("rank1 done", b"1")
+    else:
+        store.wait(["gathered"], timedelta(seconds=30))
+        out = [np.zeros(4, np.float32) for _ in range(world_size)]
+        t0 = time.monotonic()
+        with pytest.raises(xccl.XcclError) as info:
+            xccl.gather(piece, gather_list=out, dst=0)  # rank 2 is dead
+        waited = time.monotonic() - t0
+        # posts nothing until rank 1 has its errors (a later failure of rank 0's would
+        # notify rank 1 under another sequence number)
+        store.wait(["rank1 done"], timedelta(seconds=60))
+        later = refused()
+    return (str(info.value), waited) + later
+
+
+@pytest.mark.parametrize("backend", TRANSPORTS)
+def test_failure_of_an_operation_a_rank_finished_breaks_its_next(backend):
+    # Rank 1 finished a gather (its piece sent) that failed on rank 0 (rank 2 dead), then
+    # waited in a broadcast that rank 0 never posts: the failure notice for the finished
+    # gather was dropped, so rank 1 only timed out (20 s here). Now a member's failed
+    # collective breaks the communicator on every member: operations posted after it fail
+    # with the member's report, later posts are refused. Seen as a rare failure of
+    # test_shm.py::test_killed_rank_mid_cma_all_reduce under load.
+    res = run_spmd(body_finished_op_failed_elsewhere, 3, backend=backend, timeout=90,
+                   pg_timeout=20, expect_exit={2: 9})
+    msg0, waited0, later0, kind0, refused0 = res[0]
+    msg1, waited1, later1, kind1, refused1 = res[1]
+    assert "rank 2" in msg0 and waited0 < 10, (msg0, waited0)
+    assert "broadcast" in msg1 and "rank 0 reported: " in msg1, msg1
+    assert "rank 2" in msg1 and waited1 < 10, (msg1, waited1)
+    for later, kind, refused in ((later0, kind0, refused0), (later1, kind1, refused1)):
+        assert kind == "XcclConnectionError", (kind, later)
+        assert "all_reduce on comm" in later and "refused, operation #" in later, later
+        assert "rank 2" in later and refused < 5, (later, refused)

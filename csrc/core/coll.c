@@ -630,6 +630,27 @@ void xccl_coll_mismatch(xccl_comm_t *comm, uint64_t seq, int peer_rank, uint64_t
     xccl_work_finish(w, XCCL_ERR_MISMATCH, msg);
 }
 
+void xccl_coll_break(xccl_comm_t *comm, uint64_t seq, const char *why)
+{
+    char msg[1200];
+
+    if (comm->broken != NULL || comm->destroyed) return;
+    snprintf(msg, sizeof(msg), "operation #%llu of comm '%s' failed: %s",
+             (unsigned long long)seq, comm->name, why);
+    comm->broken = strdup(msg);
+    if (comm->broken == NULL) return;
+    for (xccl_work_t *w = comm->works_head, *next; w != NULL; w = next) {
+        next = w->cm_next; /* finishing w takes it off this list, and only it */
+        if (w->kind != WORK_COLL || !w->active || w->seq <= seq) continue;
+        snprintf(msg, sizeof(msg), "%s (algo %s, seq %llu) on comm '%s' failed on rank %d: %s",
+                 w->name, w->task.algo->name, (unsigned long long)w->seq, comm->name,
+                 comm->rank, comm->broken);
+        (void)xccl_error_report(XCCL_ERR_REMOTE, __FILE__, __LINE__, "%s", msg);
+        w->notified = 1; /* every member learns of #seq itself */
+        xccl_work_finish(w, XCCL_ERR_REMOTE, msg);
+    }
+}
+
 /* A fingerprint check or a mismatch notice arrived. Returns 1 if consumed. */
 int xccl_coll_ctrl_arrived(xccl_ctx_t *ctx, xccl_umsg_t *u)
 {
@@ -642,9 +663,17 @@ int xccl_coll_ctrl_arrived(xccl_ctx_t *ctx, xccl_umsg_t *u)
     if (u->hdr.tag & (TAG_CTRL_DIAG | TAG_CTRL_DIAG_REPLY)) return xccl_diag_ctrl_arrived(ctx, u);
     if (comm == NULL) return 0; /* a communicator this rank has not created yet */
     if (comm->destroyed) return 1;
-    w = find_coll(comm, seq);
-    if (w == NULL) return comm->next_seq > seq; /* not reached yet: keep it for coll_post */
+    w    = find_coll(comm, seq);
     peer = xccl_comm_rank_of_world(comm, u->src);
+    if (w == NULL && comm->next_seq > seq && (u->hdr.tag & TAG_CTRL_FAIL)) {
+        /* an operation this rank finished failed on the sender: it takes part in no later
+         * one, so those posted here since would wait for it until their timeout */
+        snprintf(msg, sizeof(msg), "rank %d reported: %s", peer,
+                 u->data ? (const char *)u->data : "failure");
+        xccl_coll_break(comm, seq, msg);
+        return 1;
+    }
+    if (w == NULL) return comm->next_seq > seq; /* not reached yet: keep it for coll_post */
     if (u->hdr.tag & TAG_CTRL_CHECK) {
         if (w->fp != u->hdr.fp) xccl_coll_mismatch(comm, seq, peer, u->hdr.fp, 1);
         return 1;
@@ -937,6 +966,13 @@ static xccl_status_t coll_post(xccl_comm_t *comm, xccl_coll_args_t *a, xccl_op_t
     }
     ctx = comm->ctx;
     pthread_mutex_lock(&ctx->lock);
+    if (comm->broken != NULL) {
+        st = XCCL_ERROR(XCCL_ERR_REMOTE, "%s on comm '%s' (rank %d): refused, %s", name,
+                        comm->name, comm->rank, comm->broken);
+        pthread_mutex_unlock(&ctx->lock);
+        xccl_work_release(w);
+        return st;
+    }
     w->seq = comm->next_seq++;
     xccl_work_activate(w, blocking);
     /* messages of this operation that arrived early (the communicator's own lists): check

@@ -164,6 +164,10 @@ struct xccl_comm {
     int          destroyed;
     int          refs;  /* see above (under the context lock)                            */
     xccl_status_t async_error;
+    /* why this communicator's collectives cannot go on, or NULL: a collective of a member
+     * failed with XCCL_ERR_REMOTE (a peer vanished), so that member takes part in no later
+     * one; set by xccl_coll_break, freed with the communicator */
+    char         *broken;
     char         name[64];
     /* tracing (trace.c): a ring of events, off when trace_cap == 0 */
     xccl_trace_event_t *trace;
@@ -441,6 +445,10 @@ xccl_work_t  *xccl_work_new(xccl_comm_t *comm, work_kind_t kind, const char *nam
 /* Records the final status of a Work, takes it off the active list and queues its callback.
  * Lock held. msg may be NULL (then the thread's last error is used for errors). */
 void          xccl_work_finish(xccl_work_t *w, xccl_status_t st, const char *msg);
+/* Marks comm broken after its collective #seq failed with XCCL_ERR_REMOTE (here, or on the
+ * member whose notice says so: `why`) and fails its active collectives posted after #seq, which
+ * wait on a member that will not come; later posts are refused. Once only. Lock held. */
+void          xccl_coll_break(xccl_comm_t *comm, uint64_t seq, const char *why);
 /* "send (p2p, tag T) on comm 'C' failed on rank R: <detail>" into buf; returns buf */
 const char   *xccl_p2p_error(const xccl_work_t *w, const char *detail, char *buf, size_t len);
 /* Adds a posted Work to the active list; unless `blocking`, counts it for the background

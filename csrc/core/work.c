@@ -154,8 +154,10 @@ void xccl_work_finish(xccl_work_t *w, xccl_status_t st, const char *msg)
         w->errmsg     = strdup(m && *m ? m : xccl_status_string(st));
         /* peers waiting on this rank's part would otherwise only time out (a timeout needs no
          * notice: every rank waiting on the stalled one times out on its own and says so) */
-        if (w->kind == WORK_COLL && st == XCCL_ERR_REMOTE)
+        if (w->kind == WORK_COLL && st == XCCL_ERR_REMOTE) {
             xccl_coll_notify_failure(w, w->errmsg ? w->errmsg : "failure");
+            xccl_coll_break(w->comm, w->seq, w->errmsg ? w->errmsg : "failure");
+        }
         /* retire every request still out: posted ones are unlinked, transport-held ones are
          * dropped with their connection (xccl_req_cancel) */
         if (w->kind == WORK_P2P && w->req) xccl_req_cancel(ctx, w->req, st, w->errmsg);
