@@ -110,21 +110,6 @@ def helper_pids() -> set[int]:
 # --------------------------------------------------------------------------- child side
 
 
-_PINNED: list[Any] = []
-
-
-def _pin_running_frames() -> None:
-    """Keeps every thread's running frames and their locals reachable from a global: CPython
-    keeps running frames in mmap'd chunks that LeakSanitizer does not scan, so an object held
-    only by a local of a running frame (this thread's, a helper thread's) would look leaked."""
-    _PINNED.clear()
-    for top in sys._current_frames().values():
-        f: Any = top
-        while f is not None:
-            _PINNED.append((f, f.f_locals))
-            f = f.f_back
-
-
 class _LeakCheck:
     """With ``XCCL_TEST_LSAN=1``: LeakSanitizer's check, run at the rank's start and end.
 
@@ -145,6 +130,10 @@ class _LeakCheck:
         rt = ctypes.CDLL(None)  # getattr: a "__name" in a class body would be mangled
         if not hasattr(rt, "__lsan_do_recoverable_leak_check"):
             raise RuntimeError("XCCL_TEST_LSAN=1 but no LeakSanitizer runtime (LD_PRELOAD?)")
+        # tests/san/sitecustomize.py, which tests/san/run-python.sh loads into every process
+        self.pin_frames = getattr(sys.modules.get("sitecustomize"), "pin_running_frames", None)
+        if self.pin_frames is None:
+            raise RuntimeError("XCCL_TEST_LSAN=1 without tests/san/sitecustomize.py on PYTHONPATH")
         self.rt = rt
         self.check = getattr(rt, "__lsan_do_recoverable_leak_check")
         self.set_path = getattr(rt, "__sanitizer_set_report_path")
@@ -173,7 +162,7 @@ class _LeakCheck:
         import gc
 
         gc.collect()
-        _pin_running_frames()
+        self.pin_frames()
         where = tempfile.mkdtemp(prefix="xccl-lsan-")
         try:
             self.set_path(os.path.join(where, "lsan").encode())

@@ -46,7 +46,9 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
-from typing import IO, Optional
+from typing import Optional
+
+from xccl.run import _pump  # the launcher's own line copier: prefix, flush, never block
 
 PROG = "run.sh"
 PREFIX = "xh"  # namespace names: xh<run id>b (bridge), xh<run id>h<i> (host i)
@@ -437,19 +439,6 @@ def _die_with_parent() -> None:
     namespaces do, until ``run.sh --cleanup``)."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
-
-
-def _pump(src: IO[bytes], dst: IO[bytes], tag: bytes, lock: threading.Lock) -> None:
-    with src:
-        for line in iter(src.readline, b""):
-            if not line.endswith(b"\n"):
-                line += b"\n"
-            with lock:
-                try:
-                    dst.write(tag + line)
-                    dst.flush()
-                except (OSError, ValueError):
-                    pass
 
 
 class Job:
