@@ -379,8 +379,17 @@ def agent(argv: Sequence[str]) -> int:
     world = sum(counts)
     grace = float(os.environ.get("XH_GRACE", "5"))
     procs: list[subprocess.Popen] = []
+    pumps: list[threading.Thread] = []
     stop: list[int] = []
     lock = threading.Lock()
+
+    def done(status: int) -> int:
+        # the ranks' last lines are still in the pipes when they exit: copy them out before
+        # this process (PID 1 of the host) exits and takes the pump threads with it
+        for t in pumps:
+            t.join(timeout=5)
+        return status
+
     for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(s, lambda signum, _f: stop.append(signum))
     for local in range(count):
@@ -404,7 +413,8 @@ def agent(argv: Sequence[str]) -> int:
         procs.append(proc)
         tag = f"[rank {offset + local}] ".encode()
         for src, dst in ((proc.stdout, sys.stdout.buffer), (proc.stderr, sys.stderr.buffer)):
-            threading.Thread(target=_pump, args=(src, dst, tag, lock), daemon=True).start()
+            pumps.append(threading.Thread(target=_pump, args=(src, dst, tag, lock), daemon=True))
+            pumps[-1].start()
     first: Optional[int] = None
     while first is None and not stop:
         codes = [p.poll() for p in procs]
@@ -412,7 +422,7 @@ def agent(argv: Sequence[str]) -> int:
         if bad:
             first = bad[0]
         elif all(c == 0 for c in codes):
-            return 0
+            return done(0)
         else:
             # (no waitpid(-1) for orphans here: it could reap a rank before Popen reads its
             # status; orphans' zombies go with the PID namespace)
@@ -425,8 +435,8 @@ def agent(argv: Sequence[str]) -> int:
         while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
             time.sleep(0.02)
     if first is None:
-        return 128 + stop[0]
-    return 128 - first if first < 0 else first
+        return done(128 + stop[0])
+    return done(128 - first if first < 0 else first)
 
 
 # --------------------------------------------------------------------------- the job
