@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Optional
 
 import pytest
+from job_collectives import host_of  # the job's own mapping of ranks to hosts
 
 HERE = Path(__file__).resolve().parent
 RUN = HERE / "run.sh"
@@ -149,15 +150,6 @@ def assert_clean(run_id: str, ctl: str) -> None:
 
 
 # --------------------------------------------------------------------------- collectives
-
-
-def host_of(rank: int, per_host: list[int]) -> int:
-    acc = 0
-    for h, n in enumerate(per_host):
-        acc += n
-        if rank < acc:
-            return h
-    raise ValueError(rank)
 
 
 def check_results(res: Result, per_host: list[int]) -> list[dict]:
