@@ -4,7 +4,11 @@ each checked against numpy, until one fails. The failing call's exception is pri
 line ``XH-ERROR <json>`` (rank, host, exception type, message, seconds the call took); the
 rank then exits with status 3. A rank whose calls all succeed for ``--max-seconds`` exits 4.
 With ``--arm-before-init`` the clock starts before init instead (a link that is down while
-the job starts): an error of init_process_group is reported the same way."""
+the job starts): an error of init_process_group is reported the same way.
+
+Every rank ignores SIGTERM: the ranks of one host fail at about the same moment, and
+xccl-run's SIGTERM after the first one's exit must not cut off the others' reports (its
+SIGKILL after the grace period still ends a rank that hangs)."""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ import argparse
 import json
 import os
 import pathlib
+import signal
 import socket
 import time
 
@@ -28,6 +33,7 @@ def main() -> None:
     ap.add_argument("--algo", default=None)
     ap.add_argument("--arm-before-init", action="store_true")
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if args.arm_before_init:
         pathlib.Path(os.environ["XH_CTL"], "arm").touch()
         time.sleep(1.0)  # --link-down HOST:0 acts within the harness's 50 ms poll
