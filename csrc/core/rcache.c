@@ -22,6 +22,17 @@
  *   XCCL_RCACHE_MAX_BYTES bytes (default 1 GiB), the least recently used evicted first.
  *   Referenced entries do not count: a registration in use is never evicted. When mem_reg
  *   fails, the idle entries are deregistered and it is tried once more (pinned-memory limits).
+ *
+ * Memory freed or reused (memhook.h)
+ *   A registration pins the pages its range had when it was made: once the range is unmapped
+ *   (free of a large chunk, munmap, madvise(MADV_DONTNEED), ...) and mapped again, the same
+ *   address has other pages and the registration is stale. Every host entry is watched by the
+ *   memory hooks; the ranges they report are read before every lookup and invalidate the
+ *   entries they overlap (when events were lost: every entry). Without hooks (XCCL_MEM_HOOKS=0,
+ *   or they could not be installed), and for memory types no hook sees (device memory), an
+ *   entry is deregistered as soon as its last reference goes: registered per use, never stale.
+ *   The core's own buffers (staging, scratch) are treated alike, and it also invalidates them
+ *   explicitly before freeing them.
  */
 #include "core/rcache.h"
 
@@ -30,6 +41,7 @@
 #include <unistd.h>
 
 #include "core/check.h"
+#include "core/memhook.h"
 
 enum { RREG_CACHED = 1, RREG_DETACHED = 2 };
 
@@ -52,6 +64,8 @@ struct xccl_rcache {
     size_t                      nidle, idle_bytes;
     size_t                      max_idle, max_idle_bytes;
     uintptr_t                   page;
+    int                         hooks; /* memory hooks active: host entries may stay idle */
+    xccl_memhook_cursor_t       cur;   /* the hooks' events read so far */
 };
 
 /* ---- lists ----------------------------------------------------------------------------------- */
@@ -130,6 +144,7 @@ static void idx_remove_at(xccl_rcache_t *rc, size_t pos)
 
 static void reg_destroy(xccl_rcache_t *rc, xccl_rreg_t *e)
 {
+    if (rc->hooks && e->mem == XCCL_MEM_HOST) xccl_memhook_unwatch(e->start, e->end);
     rc->ops->mem_dereg(rc->tc, e->mr);
     free(e);
 }
@@ -180,7 +195,9 @@ xccl_status_t xccl_rcache_new(const xccl_transport_ops_t *ops, xccl_tp_ctx_t *tc
     rc->max_idle       = (size_t)xccl_env_int("XCCL_RCACHE_MAX_ENTRIES", 1024);
     rc->max_idle_bytes = (size_t)xccl_env_int("XCCL_RCACHE_MAX_BYTES", (int64_t)1 << 30);
     rc->page           = page > 0 ? (uintptr_t)page : 4096;
-    *out               = rc;
+    rc->hooks          = xccl_memhook_start();
+    if (rc->hooks) xccl_memhook_cursor_init(&rc->cur);
+    *out = rc;
     return XCCL_OK;
 }
 
@@ -209,6 +226,21 @@ void xccl_rcache_free(xccl_rcache_t *rc)
     free(rc);
 }
 
+static void on_event(void *arg, uintptr_t start, uintptr_t end)
+{
+    xccl_rcache_invalidate(arg, (const void *)start, end - start);
+}
+
+/* Applies what the memory hooks reported since the last lookup. */
+static void sync_events(xccl_rcache_t *rc)
+{
+    if (xccl_memhook_drain(&rc->cur, on_event, rc) != 0) {
+        XCCL_TRACE("registration cache of %s: memory events lost; invalidating all %zu "
+                   "registration(s)", rc->ops->name, rc->n);
+        xccl_rcache_invalidate(rc, NULL, SIZE_MAX);
+    }
+}
+
 xccl_status_t xccl_rcache_get(xccl_rcache_t *rc, void *ptr, size_t nbytes, xccl_mem_type_t mem,
                               xccl_rreg_t **reg, void **mr)
 {
@@ -226,6 +258,7 @@ xccl_status_t xccl_rcache_get(xccl_rcache_t *rc, void *ptr, size_t nbytes, xccl_
         start &= ~(rc->page - 1);
         end = (end + rc->page - 1) & ~(rc->page - 1);
     }
+    if (rc->hooks) sync_events(rc);
     pos = idx_search(rc, start);
     if (pos < rc->n) {
         e = rc->idx[pos];
@@ -263,6 +296,7 @@ xccl_status_t xccl_rcache_get(xccl_rcache_t *rc, void *ptr, size_t nbytes, xccl_
         free(e);
         return st;
     }
+    if (rc->hooks && mem == XCCL_MEM_HOST) xccl_memhook_watch(e->start, e->end);
     /* the overlapped entries leave the index (unreferenced ones are deregistered now) */
     for (size_t k = last; k > first; k--) reg_detach_at(rc, k - 1);
     st = idx_insert(rc, e);
@@ -282,6 +316,12 @@ void xccl_rcache_put(xccl_rcache_t *rc, xccl_rreg_t *reg)
     if (reg == NULL || --reg->refs > 0) return;
     if (reg->state == RREG_DETACHED) {
         list_del(reg);
+        reg_destroy(rc, reg);
+        return;
+    }
+    if (!rc->hooks || reg->mem != XCCL_MEM_HOST) { /* nothing would tell it is stale later */
+        size_t pos = idx_search(rc, reg->start);
+        idx_remove_at(rc, pos);
         reg_destroy(rc, reg);
         return;
     }
