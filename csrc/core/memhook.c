@@ -13,13 +13,16 @@
  *   page's protection as /proc/self/maps gives it: an object still being relocated by a
  *   concurrent dlopen has its pages writable and is left so. Passes run inside
  *   dl_iterate_phdr, whose lock serialises them with each other and with dlopen's list
- *   updates. Not patched: the dynamic loader, the vDSO and the sanitizer runtimes (they call
- *   the allocator they implement). Calls inside libc (its own free of its internal memory,
- *   malloc's trimming of its heap) do not go through slots: the hooks of free and realloc
- *   cover them, by reporting the chunk being released. Objects loaded later are patched by
- *   the next xccl_memhook_drain (it checks dlpi_adds), which reports "lost" to every reader
- *   once, since what they freed before is unknown. dlopen itself is not hooked: calling it
- *   from a hook would change the caller whose RPATH/RUNPATH it searches.
+ *   updates. Not patched: the dynamic loader, the vDSO, the sanitizer runtimes (they call
+ *   the allocator they implement) and libc itself: most of its calls are internal anyway, and
+ *   the few through its PLT (realloc in pthread_getattr_np, getline) run, among others, inside
+ *   a sanitizer's thread start, where instrumented code (a hook built with -fsanitize=thread)
+ *   must not run yet. So libc's own frees and reallocs are not seen (its internal memory; a
+ *   user buffer grown by getline), nor malloc's trimming of its heap: the hooks of free and
+ *   realloc cover that, by reporting the chunk being released. Objects loaded later are
+ *   patched by the next xccl_memhook_drain (it checks dlpi_adds), which reports "lost" to
+ *   every reader once, since what they freed before is unknown. dlopen itself is not hooked:
+ *   calling it from a hook would change the caller whose RPATH/RUNPATH it searches.
  *
  * What a hook reports (before the real call, so that no reuse of the memory can precede it)
  *   free(p), realloc(p, n), reallocarray(p, ...): [p - 2 words, p + malloc_usable_size(p)),
@@ -96,7 +99,7 @@
 #define MREMAP_FIXED 2
 #endif
 
-/* ---- the filter -------------------------------------------------------------------------------- */
+/* ---- the filter ------------------------------------------------------------------------------ */
 
 enum { GRAN_SHIFT = 18, NCNT_BITS = 16, NCNT = 1 << NCNT_BITS };
 
@@ -162,13 +165,13 @@ static inline int watched(uintptr_t start, uintptr_t end)
     return 0;
 }
 
-/* ---- the event log ----------------------------------------------------------------------------- */
+/* ---- the event log --------------------------------------------------------------------------- */
 
 enum { LOG_BITS = 12, LOG_N = 1 << LOG_BITS, SPIN_MAX = 20000 };
 
 typedef struct ev {
-    _Atomic uint64_t  seq; /* 2t + 1 while ticket t writes it, 2t + 2 once published */
-    atomic_uintptr_t  start, end;
+    _Atomic uint64_t seq; /* 2t + 1 while ticket t writes it, 2t + 2 once published */
+    atomic_uintptr_t start, end;
 } ev_t;
 
 static ev_t             ev_log[LOG_N];
@@ -189,7 +192,7 @@ static void report(uintptr_t start, uintptr_t end)
     atomic_store_explicit(&v->seq, 2 * t + 2, memory_order_release);
 }
 
-/* ---- the hooks --------------------------------------------------------------------------------- */
+/* ---- the hooks ------------------------------------------------------------------------------- */
 
 static void (*real_free)(void *);
 static void *(*real_realloc)(void *, size_t);
@@ -309,7 +312,7 @@ static void hooks_fill_addrs(void)
     for (int i = 0; i < NHOOKS; i++) hooks[i].hook = h[i];
 }
 
-/* ---- patching ---------------------------------------------------------------------------------- */
+/* ---- patching -------------------------------------------------------------------------------- */
 
 typedef struct map_range {
     uintptr_t start, end;
@@ -418,8 +421,8 @@ static int patch_slot(pass_t *p, void **slot, void *hook)
 static int skip_object(const char *name)
 {
     static const char *const skip[] = {"linux-vdso", "linux-gate", "/ld-linux", "/ld64.so",
-                                       "libasan.so", "libtsan.so", "liblsan.so", "libubsan.so",
-                                       "libhwasan.so", "vgpreload"};
+                                       "/libc.so",   "libasan.so", "libtsan.so", "liblsan.so",
+                                       "libubsan.so", "libhwasan.so", "vgpreload"};
 
     if (name == NULL) return 0;
     for (size_t i = 0; i < sizeof(skip) / sizeof(skip[0]); i++) {
