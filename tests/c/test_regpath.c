@@ -147,6 +147,30 @@ static int rt_live_over(const void *p, size_t n, int *inflight)
     return k;
 }
 
+/* Live registrations overlapping [p, p + n) among the first `mark` ever made. */
+static int rt_live_before(const void *p, size_t n, int mark)
+{
+    int k = 0;
+
+    pthread_mutex_lock(&rt.lock);
+    for (int i = 0; i < mark && i < rt.nregs; i++) {
+        rt_reg_t *g = &rt.regs[i];
+        k += g->live && g->start < (uintptr_t)p + n && (uintptr_t)p < g->end;
+    }
+    pthread_mutex_unlock(&rt.lock);
+    return k;
+}
+
+static int rt_nregs(void)
+{
+    int n;
+
+    pthread_mutex_lock(&rt.lock);
+    n = rt.nregs;
+    pthread_mutex_unlock(&rt.lock);
+    return n;
+}
+
 /* Live registrations of memory that is no longer mapped: memory the core allocated (large
  * staging buffers, scratch) and freed without dropping its registration, which then pins pages
  * the process no longer has there (a later buffer at that address would be sent from them). */
@@ -620,6 +644,48 @@ static void inflight_invalidate(xccl_comm_t *c, xccl_store_t *store)
     free(b);
 }
 
+/* Buffers freed and allocated again (same address where malloc gives it back) with no
+ * xccl_comm_mem_invalidate: the memory hooks make the next operations register them anew;
+ * nothing registered before the free is used or kept. */
+static void freed_and_reused(xccl_comm_t *c, xccl_store_t *store)
+{
+    int       size = xccl_comm_size(c);
+    size_t    n = 300000, bytes = n * 4; /* past the mmap threshold: unmapped by free */
+    float    *s = malloc(bytes), *r = malloc(bytes), *s2, *r2;
+    int       mark;
+    uintptr_t sa, ra;
+
+    CHECK(s != NULL && r != NULL);
+    p2p_ring(c, s, r, n, 40);
+    CHECK(rt_live_over(s, bytes, NULL) > 0 && rt_live_over(r, bytes, NULL) > 0);
+    store_meet(store, size, "reuse-before-free");
+    mark = rt_nregs();
+    sa   = (uintptr_t)s;
+    ra   = (uintptr_t)r;
+    free(s);
+    free(r);
+    s2 = malloc(bytes);
+    r2 = malloc(bytes);
+    CHECK(s2 != NULL && r2 != NULL);
+    if ((uintptr_t)s2 != sa || (uintptr_t)r2 != ra)
+        printf("  freed_and_reused: malloc gave other addresses (%#lx %#lx -> %p %p)\n",
+               (unsigned long)sa, (unsigned long)ra, (void *)s2, (void *)r2);
+    p2p_ring(c, s2, r2, n, 41); /* other values than tag 40's */
+    CHECK_MSG(rt_live_before(s2, bytes, mark) == 0 && rt_live_before(r2, bytes, mark) == 0,
+              "a registration made before the buffers were freed is still live");
+    CHECK(rt_live_over(s2, bytes, NULL) > 0 && rt_live_over(r2, bytes, NULL) > 0);
+    {
+        long s0 = rt_regs_over(s2, bytes), r0 = rt_regs_over(r2, bytes);
+        p2p_ring(c, s2, r2, n, 42); /* still valid: hits */
+        CHECK_MSG(rt_regs_over(s2, bytes) == s0 && rt_regs_over(r2, bytes) == r0,
+                  "valid buffers registered again: %ld -> %ld, %ld -> %ld", s0,
+                  rt_regs_over(s2, bytes), r0, rt_regs_over(r2, bytes));
+    }
+    store_meet(store, size, "reuse-done");
+    free(s2);
+    free(r2);
+}
+
 static long recv_dones(void);
 static void await_arrivals(long base, long want, const char *what);
 
@@ -716,6 +782,7 @@ static int part_regtcp(int rank, int size)
     CHECK(rt_regs_over(s, bytes) == s0 + 1);
 
     if (size >= 2) inflight_invalidate(c, store);
+    freed_and_reused(c, store);
     large(c, store);
     rt_check_clean("regtcp");
     CHECK_MSG(rt_live_unmapped() == 0, "%d registration(s) of unmapped memory are cached",
