@@ -543,6 +543,82 @@ static unsigned long adds_now(void)
     return adds;
 }
 
+/* ---- what the hooks call ------------------------------------------------------------------- */
+
+/* The main program's loaded segments (the first object dl_iterate_phdr reports). */
+typedef struct main_prog {
+    uintptr_t lo, hi;
+} main_prog_t;
+
+static int main_of(struct dl_phdr_info *info, size_t size, void *arg)
+{
+    main_prog_t *m = arg;
+
+    (void)size;
+    m->lo = UINTPTR_MAX;
+    m->hi = 0;
+    for (int i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        if (ph->p_type != PT_LOAD) continue;
+        if (info->dlpi_addr + ph->p_vaddr < m->lo) m->lo = info->dlpi_addr + ph->p_vaddr;
+        if (info->dlpi_addr + ph->p_vaddr + ph->p_memsz > m->hi)
+            m->hi = info->dlpi_addr + ph->p_vaddr + ph->p_memsz;
+    }
+    return 1;
+}
+
+typedef struct obj_list {
+    const char *name[512];
+    int         n;
+} obj_list_t;
+
+static int list_of(struct dl_phdr_info *info, size_t size, void *arg)
+{
+    obj_list_t *l = arg;
+
+    (void)size;
+    if (l->n == 512) return 1;
+    l->name[l->n++] = info->dlpi_name;
+    return 0;
+}
+
+/* The function `name` that calls through a PLT bind to. dlsym(RTLD_DEFAULT) gives it, except in
+ * a main program built without -fpie that takes the function's address: that program defines
+ * the symbol as its own PLT entry (the "canonical PLT", for pointer equality), which jumps
+ * through the program's GOT slot, the one the hook is written to: calling it from the hook
+ * would call the hook. The real one is then the first definition in the objects after the
+ * program, in the order symbol lookup takes (dl_iterate_phdr's): each object's own. */
+static void *resolve_real(const char *name)
+{
+    void       *r = dlsym(RTLD_DEFAULT, name);
+    main_prog_t m = {0};
+    obj_list_t *l;
+
+    if (r == NULL) return NULL;
+    dl_iterate_phdr(main_of, &m);
+    if ((uintptr_t)r < m.lo || (uintptr_t)r >= m.hi) return r;
+    l = calloc(1, sizeof(*l));
+    if (l == NULL) return NULL;
+    dl_iterate_phdr(list_of, l);
+    r = NULL;
+    for (int i = 1; i < l->n && r == NULL; i++) {
+        void   *h, *v;
+        Dl_info info;
+        if (l->name[i] == NULL || l->name[i][0] == '\0' ||
+            strstr(l->name[i], "linux-vdso") != NULL || strstr(l->name[i], "linux-gate") != NULL)
+            continue; /* the program, the vDSO */
+        h = dlopen(l->name[i], RTLD_LAZY | RTLD_NOLOAD);
+        if (h == NULL) continue;
+        v = dlsym(h, name);
+        if (v != NULL && dladdr(v, &info) != 0 && info.dli_fname != NULL &&
+            strcmp(info.dli_fname, l->name[i]) == 0)
+            r = v;
+        dlclose(h);
+    }
+    free(l);
+    return r;
+}
+
 static pthread_once_t start_once = PTHREAD_ONCE_INIT;
 
 static void start(void)
@@ -562,12 +638,12 @@ static void start(void)
     }
     hooks_fill_addrs();
     {
-        void *u = dlsym(RTLD_DEFAULT, "malloc_usable_size");
+        void *u = resolve_real("malloc_usable_size");
         memcpy(&real_usable, &u, sizeof(u));
         missing += u == NULL;
     }
     for (int i = 0; i < NHOOKS; i++) {
-        void *r       = dlsym(RTLD_DEFAULT, hooks[i].name);
+        void *r       = resolve_real(hooks[i].name);
         hooks[i].real = r;
         if (r == NULL || r == hooks[i].hook) {
             XCCL_WARN("memory hooks: %s not found; registrations are not kept beyond their use",
