@@ -51,7 +51,8 @@
  *
  * Threads, fork, re-entrancy: the hooks use atomics only (no lock, no allocation, no errno
  * change) and call only the real functions and malloc_usable_size; a fork's child inherits the
- * patched slots, the log and the filter as they were, which stay correct.
+ * patched slots, the log and the filter as they were, which stay correct (the filter's lock,
+ * taken by registrations only, is held across fork so that the child gets it free).
  */
 #include "core/memhook.h"
 
@@ -147,6 +148,10 @@ void xccl_memhook_unwatch(uintptr_t start, uintptr_t end)
     }
     pthread_mutex_unlock(&w_lock);
 }
+
+/* A fork's child must not inherit w_lock held by a thread it does not have. */
+static void w_prepare(void) { pthread_mutex_lock(&w_lock); }
+static void w_release(void) { pthread_mutex_unlock(&w_lock); }
 
 /* May [start, end) overlap a watched range? */
 static inline int watched(uintptr_t start, uintptr_t end)
@@ -654,6 +659,11 @@ static void start(void)
         memcpy(hooks[i].real_fn, &r, sizeof(r)); /* real_<name> = r */
     }
     if (missing) return;
+    if (pthread_atfork(w_prepare, w_release, w_release) != 0) {
+        XCCL_WARN("memory hooks: pthread_atfork failed; registrations are not kept beyond their "
+                  "use");
+        return;
+    }
     failed = patch_all();
     if (failed != 0 || atomic_load(&st_slots) == 0) {
         /* the slots written stay (their hooks are correct); the caches do not rely on them */
