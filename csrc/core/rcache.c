@@ -28,7 +28,8 @@
  *   (free of a large chunk, munmap, madvise(MADV_DONTNEED), ...) and mapped again, the same
  *   address has other pages and the registration is stale. Every host entry is watched by the
  *   memory hooks; the ranges they report are read before every lookup and invalidate the
- *   entries they overlap (when events were lost: every entry). Without hooks (XCCL_MEM_HOOKS=0,
+ *   entries whose requested bytes they overlap (when events were lost: every entry), not
+ *   those that only share a page with a freed neighbour (see on_event). Without hooks (XCCL_MEM_HOOKS=0,
  *   or they could not be installed), and for memory types no hook sees (device memory), an
  *   entry is deregistered as soon as its last reference goes: registered per use, never stale.
  *   The core's own buffers (staging, scratch) are treated alike, and it also invalidates them
@@ -46,7 +47,8 @@
 enum { RREG_CACHED = 1, RREG_DETACHED = 2 };
 
 struct xccl_rreg {
-    uintptr_t       start, end;
+    uintptr_t       start, end;   /* registered (host: whole pages) */
+    uintptr_t       ustart, uend; /* the bytes lookups asked for: within [start, end) */
     xccl_mem_type_t mem;
     void           *mr;
     int             refs;
@@ -226,9 +228,23 @@ void xccl_rcache_free(xccl_rcache_t *rc)
     free(rc);
 }
 
+/* A range the memory hooks reported: entries whose requested bytes it overlaps leave the index.
+ * Not those it only shares a page with: a page holding bytes still allocated (those of the
+ * entry, which a lookup asked for) cannot be returned to the system by freeing its other
+ * bytes; and the pages a free can return are free chunks, each reported when it was freed.
+ * (munmap, madvise, mmap MAP_FIXED report whole pages, which overlap the requested bytes of
+ * every entry whose pages they overlap.) */
 static void on_event(void *arg, uintptr_t start, uintptr_t end)
 {
-    xccl_rcache_invalidate(arg, (const void *)start, end - start);
+    xccl_rcache_t *rc = arg;
+    size_t         pos, last;
+
+    pos = last = idx_search(rc, start);
+    while (last < rc->n && rc->idx[last]->start < end) last++;
+    for (size_t k = last; k > pos; k--) {
+        xccl_rreg_t *e = rc->idx[k - 1];
+        if (e->ustart < end && start < e->uend) reg_detach_at(rc, k - 1);
+    }
 }
 
 /* Applies what the memory hooks reported since the last lookup. */
@@ -245,6 +261,7 @@ xccl_status_t xccl_rcache_get(xccl_rcache_t *rc, void *ptr, size_t nbytes, xccl_
                               xccl_rreg_t **reg, void **mr)
 {
     uintptr_t     start = (uintptr_t)ptr, end = start + nbytes;
+    uintptr_t     ustart = start, uend = end;
     size_t        pos, first, last;
     xccl_rreg_t  *e;
     xccl_status_t st;
@@ -264,6 +281,8 @@ xccl_status_t xccl_rcache_get(xccl_rcache_t *rc, void *ptr, size_t nbytes, xccl_
         e = rc->idx[pos];
         if (e->start <= start && end <= e->end && e->mem == mem) { /* hit */
             if (e->refs++ == 0) idle_del(rc, e);
+            if (ustart < e->ustart) e->ustart = ustart;
+            if (uend > e->uend) e->uend = uend;
             *reg = e;
             *mr  = e->mr;
             return XCCL_OK;
@@ -275,14 +294,18 @@ xccl_status_t xccl_rcache_get(xccl_rcache_t *rc, void *ptr, size_t nbytes, xccl_
         if (rc->idx[last]->mem == mem) {
             if (rc->idx[last]->start < start) start = rc->idx[last]->start;
             if (rc->idx[last]->end > end) end = rc->idx[last]->end;
+            if (rc->idx[last]->ustart < ustart) ustart = rc->idx[last]->ustart;
+            if (rc->idx[last]->uend > uend) uend = rc->idx[last]->uend;
         }
         last++;
     }
     e = calloc(1, sizeof(*e));
     if (e == NULL) return XCCL_ERROR(XCCL_ERR_NO_MEMORY, "registration cache: out of memory");
-    e->start = start;
-    e->end   = end;
-    e->mem   = mem;
+    e->start  = start;
+    e->end    = end;
+    e->ustart = ustart;
+    e->uend   = uend;
+    e->mem    = mem;
     st       = rc->ops->mem_reg(rc->tc, (void *)start, end - start, mem, &e->mr);
     if (st < 0 && rc->nidle > 0) { /* perhaps a limit on pinned memory: let the idle ones go */
         XCCL_INFO("registration cache of %s: registering %zu bytes failed; retrying without "

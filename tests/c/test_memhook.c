@@ -5,7 +5,8 @@
  * record a fingerprint of the pages they cover (a registration made before the memory was
  * reused at the same address has the old contents' fingerprint: stale):
  *   - a buffer reused across steps is registered once; frees of unrelated memory do not
- *     invalidate it (and are not even reported: the filter);
+ *     invalidate it (and are not even reported: the filter), nor do frees of heap neighbours
+ *     sharing its edge pages;
  *   - free of a large (mmapped) and of a small (heap) malloc chunk, realloc, munmap, mmap
  *     MAP_FIXED over a registered mapping, madvise(MADV_DONTNEED), mremap, shmdt: the old
  *     registration is gone at the next lookup, and the memory reallocated at the same address
@@ -250,6 +251,39 @@ static void test_free(void)
     (void)mallopt(M_MMAP_THRESHOLD, 256 * 1024); /* glibc; a sanitizer's allocator ignores it */
     check_realloc_same("free of an mmapped chunk", 4 << 20);
     check_realloc_same("free of a heap chunk", 20000);
+}
+
+/* Heap neighbours freed and allocated around a registered heap buffer share its edge pages:
+ * that does not invalidate it (its own bytes are still allocated), its own free does. */
+static void test_neighbours(void)
+{
+    xccl_rcache_t *rc = cache();
+    size_t         n  = 20000;
+    char          *before = malloc(100), *b = malloc(n), *after = malloc(100);
+    fake_mr_t     *m, *m2;
+    int            reg0;
+
+    CHECK(before != NULL && b != NULL && after != NULL);
+    memset(b, 'A', n);
+    m    = use(rc, b, n, 1);
+    reg0 = nreg;
+    free(before);
+    free(after);
+    for (int i = 0; i < 100; i++) {
+        void *t = malloc((size_t)(16 + i));
+        CHECK(t != NULL);
+        free(t);
+    }
+    m2 = use(rc, b, n, 1);
+    CHECK_MSG(m2 == m && nreg == reg0, "frees of heap neighbours invalidated a live buffer");
+    free(b);
+    b = malloc(n);
+    CHECK(b != NULL);
+    memset(b, 'B', n);
+    use(rc, b, n, 1);
+    CHECK_MSG(!m->live, "the buffer's own free did not invalidate it");
+    free(b);
+    xccl_rcache_free(rc);
 }
 
 static void test_realloc(void)
@@ -639,6 +673,7 @@ int main(int argc, char **argv)
     test_installed();
     test_reuse();
     test_free();
+    test_neighbours();
     test_realloc();
     test_munmap_mmap_fixed();
     test_madvise_mremap();
