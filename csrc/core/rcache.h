@@ -7,7 +7,9 @@
  * until the transport lets go of the buffer (send_done / recv_done): xccl_rcache_get takes a
  * reference, xccl_rcache_put drops it. Invalidation (memory freed or remapped) makes an entry
  * unusable for new lookups at once; it is deregistered when its last reference goes, never
- * under a transport that still uses it.
+ * under a transport that still uses it. Memory freed or unmapped anywhere in the process is
+ * seen by the memory hooks (memhook.h), applied before every lookup; without them
+ * (XCCL_MEM_HOOKS=0) no entry is kept past its last reference.
  *
  * Threading: under the context lock.
  */
