@@ -5,11 +5,11 @@ No transport that registers memory reaches Python on a host without RDMA (the RD
 own test of this runs in the VM, tests/rdma). So the cache and the hooks are compiled on their
 own with a fake registering transport (tests/c/mh_pyshim.c) into a shared object, loaded with
 ctypes into a fresh interpreter: the hooks then patch that interpreter (its binary, libpython
-when it is separate, numpy's and mmap's modules) as they patch it under xccl. The fake's
-registrations record a fingerprint of their pages; a registration used after its memory was
-reused at the same address with other contents has a stale fingerprint. Each case is run in
-its own subprocess (the hooks stay in a process once installed), and checks what it saw
-against what it wrote.
+when it is separate, numpy's and mmap's modules, ctypes' dlsym) as they patch it under xccl.
+The fake's registrations record a fingerprint of their pages; a registration used after its
+memory was reused at the same address with other contents has a stale fingerprint. Each case
+runs in its own subprocess (the hooks stay in a process once installed), and checks what it
+saw against what it wrote.
 """
 
 from __future__ import annotations
@@ -145,6 +145,28 @@ CASES = {
         out["fresh"] = lib.mh_fresh(new)
         out["old_live"] = lib.mh_live(old)
     """,
+    # ctypes calling libc's malloc/free directly (pointers from dlsym, not through a GOT)
+    "ctypes": """
+        import ctypes.util
+        c = ctypes.CDLL(ctypes.util.find_library("c"))
+        c.malloc.restype = ctypes.c_void_p
+        c.malloc.argtypes = [ctypes.c_size_t]
+        c.free.argtypes = [ctypes.c_void_p]
+        n = 4 << 20
+        addr = c.malloc(n)
+        ctypes.memset(addr, 1, n)
+        old = use(addr, n)
+        c.free(addr)
+        def make():
+            p = c.malloc(n)
+            ctypes.memset(p, 2, n)
+            return p
+        b, out["same"] = again(make, lambda x: x, addr)
+        new = use(b, n)
+        out["new_reg"] = new != old
+        out["fresh"] = lib.mh_fresh(new)
+        out["old_live"] = lib.mh_live(old)
+    """,
     # XCCL_MEM_HOOKS=0: nothing patched, a registration lives for one use only
     "off": """
         a = np.full(1 << 20, 1.0)
@@ -190,7 +212,7 @@ def test_numpy_free_and_reallocate(shim: Path) -> None:
     assert any(r["same"] for r in out["res"]), "numpy never reused an address: nothing tested"
 
 
-@pytest.mark.parametrize("case", ["bytearray", "mmap"])
+@pytest.mark.parametrize("case", ["bytearray", "mmap", "ctypes"])
 def test_interpreter_memory(shim: Path, case: str) -> None:
     out = _run(shim, case)
     assert out["active"] == 1
@@ -210,7 +232,7 @@ def _system_python() -> str | None:
 
 
 @pytest.mark.skipif(_system_python() is None, reason="no other system python3")
-@pytest.mark.parametrize("case", ["bytearray", "mmap"])
+@pytest.mark.parametrize("case", ["bytearray", "mmap", "ctypes"])
 def test_system_interpreter(shim: Path, case: str) -> None:
     python = _system_python()
     assert python is not None

@@ -209,6 +209,7 @@ static int (*real_madvise)(void *, size_t, int);
 static void *(*real_mmap)(void *, size_t, int, int, int, off_t);
 static void *(*real_mmap64)(void *, size_t, int, int, int, off_t);
 static int (*real_shmdt)(const void *);
+__attribute__((used, visibility("hidden"))) void *(*xccl_mh_real_dlsym)(void *, const char *);
 
 /* A malloc chunk about to be released: its header and usable bytes. */
 static inline void report_chunk(void *p)
@@ -284,6 +285,43 @@ static int mh_shmdt(const void *p)
     return real_shmdt(p);
 }
 
+/* dlsym: code that calls the functions above through pointers it got from dlsym (ctypes and
+ * cffi calling libc, a library binding its allocator lazily) would bypass the GOT. With an
+ * explicit handle (the lookup does not depend on the caller) the hook's address is returned
+ * for a hooked function. RTLD_DEFAULT and RTLD_NEXT lookups depend on the caller's object
+ * (its scope, the objects after it): for them xccl_mh_dlsym jumps to dlsym with the caller's
+ * return address still on the stack, untouched (so such pointers bypass the hooks). */
+static void *mh_dlsym_c(void *h, const char *name);
+__attribute__((visibility("hidden"))) void *xccl_mh_dlsym(void *h, const char *name);
+#if defined(__x86_64__)
+__asm__(".text\n"
+        ".globl xccl_mh_dlsym\n"
+        ".hidden xccl_mh_dlsym\n"
+        ".type xccl_mh_dlsym, @function\n"
+        "xccl_mh_dlsym:\n"
+        "    test %rdi, %rdi\n"
+        "    je 1f\n"
+        "    cmp $-1, %rdi\n"
+        "    je 1f\n"
+        "    jmp mh_dlsym_c\n"
+        "1:  jmp *xccl_mh_real_dlsym(%rip)\n"
+        ".size xccl_mh_dlsym, .-xccl_mh_dlsym\n");
+#elif defined(__aarch64__)
+__asm__(".text\n"
+        ".globl xccl_mh_dlsym\n"
+        ".hidden xccl_mh_dlsym\n"
+        ".type xccl_mh_dlsym, %function\n"
+        "xccl_mh_dlsym:\n"
+        "    cbz x0, 1f\n"
+        "    cmn x0, #1\n"
+        "    b.eq 1f\n"
+        "    b mh_dlsym_c\n"
+        "1:  adrp x16, xccl_mh_real_dlsym\n"
+        "    ldr x16, [x16, :lo12:xccl_mh_real_dlsym]\n"
+        "    br x16\n"
+        ".size xccl_mh_dlsym, .-xccl_mh_dlsym\n");
+#endif
+
 typedef struct hook {
     const char *name;
     void       *hook; /* the hook's address */
@@ -293,8 +331,9 @@ typedef struct hook {
 
 #define HOOK(n) {#n, NULL, NULL, &real_##n}
 static hook_t hooks[] = {
-    HOOK(free),   HOOK(realloc), HOOK(reallocarray), HOOK(munmap), HOOK(mremap),
-    HOOK(madvise), HOOK(mmap),   HOOK(mmap64),       HOOK(shmdt),
+    HOOK(free),    HOOK(realloc), HOOK(reallocarray), HOOK(munmap), HOOK(mremap),
+    HOOK(madvise), HOOK(mmap),    HOOK(mmap64),       HOOK(shmdt),
+    {"dlsym", NULL, NULL, &xccl_mh_real_dlsym}, /* last: not substituted in dlsym's answers */
 };
 #undef HOOK
 enum { NHOOKS = sizeof(hooks) / sizeof(hooks[0]) };
@@ -313,8 +352,23 @@ static void hooks_fill_addrs(void)
     fns[6] = (void (*)(void))mh_mmap;
     fns[7] = (void (*)(void))mh_mmap64;
     fns[8] = (void (*)(void))mh_shmdt;
+#if MH_SUPPORTED
+    fns[9] = (void (*)(void))xccl_mh_dlsym;
+#else
+    fns[9] = NULL;
+#endif
     memcpy(h, fns, sizeof(h));
     for (int i = 0; i < NHOOKS; i++) hooks[i].hook = h[i];
+}
+
+__attribute__((used)) static void *mh_dlsym_c(void *h, const char *name)
+{
+    void *r = xccl_mh_real_dlsym(h, name);
+
+    for (int i = 0; r != NULL && i < NHOOKS - 1; i++) {
+        if (r == hooks[i].real) return hooks[i].hook;
+    }
+    return r;
 }
 
 /* ---- patching -------------------------------------------------------------------------------- */

@@ -16,6 +16,7 @@
  *   - more events than the log holds: everything is invalidated;
  *   - objects loaded after the hooks (dlopen; a PLT-calling and a -fno-plt one): the next
  *     lookup invalidates everything once and patches them; their frees are seen from then on;
+ *   - munmap called through a pointer from dlsym(handle) (ctypes' way of calling libc);
  *   - a thread freeing watched memory in a loop while another looks up (the log's protocol,
  *     under ThreadSanitizer with make TSAN=1);
  *   - a forked child; and XCCL_MEM_HOOKS=0 (this program run again): nothing patched,
@@ -508,6 +509,40 @@ static void test_dlopen_later(const char *lib)
     dlclose(h);
 }
 
+/* Calls through pointers from dlsym with a handle (what ctypes and cffi do to call libc) reach
+ * the hooks; RTLD_NEXT and RTLD_DEFAULT lookups still answer as for their caller. */
+static void test_dlsym(void)
+{
+    xccl_rcache_t *rc = cache();
+    size_t         n  = 1 << 20;
+    char          *b  = map(n);
+    void          *h  = dlopen("libc.so.6", RTLD_LAZY | RTLD_NOLOAD), *f;
+    int (*um)(void *, size_t);
+    fake_mr_t     *m;
+
+    CHECK(h != NULL);
+    if (h == NULL) {
+        xccl_rcache_free(rc);
+        munmap(b, n);
+        return;
+    }
+    f = dlsym(h, "munmap");
+    CHECK(f != NULL);
+    memcpy(&um, &f, sizeof(f));
+    memset(b, 'A', n);
+    m = use(rc, b, n, 1);
+    CHECK(um(b, n) == 0);
+    b = map(n);
+    memset(b, 'B', n);
+    use(rc, b, n, 1);
+    CHECK_MSG(!m->live, "munmap called through dlsym(libc, \"munmap\") was not seen");
+    CHECK(dlsym(RTLD_NEXT, "free") != NULL && dlsym(RTLD_DEFAULT, "munmap") != NULL);
+    CHECK(dlsym(RTLD_DEFAULT, "no_such_symbol_xccl") == NULL);
+    dlclose(h);
+    xccl_rcache_free(rc);
+    munmap(b, n);
+}
+
 /* A thread reporting events in a loop (MADV_DONTNEED on a watched mapping) while this one looks
  * up another buffer: every lookup returns a live registration with the current pages. */
 static atomic_int storm_stop, storm_rounds;
@@ -697,6 +732,7 @@ int main(int argc, char **argv)
     test_overflow();
     test_dlopen_later("libmh_free_plt.so");
     test_dlopen_later("libmh_free_noplt.so");
+    test_dlsym();
     test_threads();
     test_fork();
     test_nohooks(argv[0]);
