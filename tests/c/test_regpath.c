@@ -657,7 +657,9 @@ static void freed_and_reused(xccl_comm_t *c, xccl_store_t *store)
 
     CHECK(s != NULL && r != NULL);
     p2p_ring(c, s, r, n, 40);
-    CHECK(rt_live_over(s, bytes, NULL) > 0 && rt_live_over(r, bytes, NULL) > 0);
+    /* the send buffer is registered (a receive may have been staged instead, if the message
+     * came first) */
+    CHECK(rt_live_over(s, bytes, NULL) > 0);
     store_meet(store, size, "reuse-before-free");
     mark = rt_nregs();
     sa   = (uintptr_t)s;
@@ -673,7 +675,7 @@ static void freed_and_reused(xccl_comm_t *c, xccl_store_t *store)
     p2p_ring(c, s2, r2, n, 41); /* other values than tag 40's */
     CHECK_MSG(rt_live_before(s2, bytes, mark) == 0 && rt_live_before(r2, bytes, mark) == 0,
               "a registration made before the buffers were freed is still live");
-    CHECK(rt_live_over(s2, bytes, NULL) > 0 && rt_live_over(r2, bytes, NULL) > 0);
+    CHECK(rt_live_over(s2, bytes, NULL) > 0);
     {
         long s0 = rt_regs_over(s2, bytes), r0 = rt_regs_over(r2, bytes);
         p2p_ring(c, s2, r2, n, 42); /* still valid: hits */
