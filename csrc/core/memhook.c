@@ -6,12 +6,13 @@
  *   Every loaded object (dl_iterate_phdr: the main program, libpython when it is separate,
  *   numpy's and torch's modules, ours) calls free, munmap, ... through a GOT slot: a
  *   JUMP_SLOT relocation (PLT calls) or a GLOB_DAT one (-fno-plt calls, and address-taken
- *   functions). Each slot of a hooked name gets the hook's address; the hook calls the
- *   function dlsym(RTLD_DEFAULT) resolved before any slot was written (what the slots were
- *   bound to: glibc's, or an interposed allocator's or sanitizer's). Slots in RELRO pages
- *   (read-only after relocation) are written between two mprotect calls that restore the
- *   page's protection as /proc/self/maps gives it: an object still being relocated by a
- *   concurrent dlopen has its pages writable and is left so. Passes run inside
+ *   functions). Each slot of a hooked name (and of dlsym: see xccl_mh_dlsym) gets the hook's
+ *   address; the hook calls the function the slots were bound to, resolved before any slot
+ *   was written (resolve_real: glibc's, or an interposed allocator's or sanitizer's; not a
+ *   non-PIE program's canonical PLT entry, which jumps through its patched slot). Slots in
+ *   RELRO pages (read-only after relocation) are written between two mprotect calls that
+ *   restore the page's protection as /proc/self/maps gives it: an object still being
+ *   relocated by a concurrent dlopen has its pages writable and is left so. Passes run inside
  *   dl_iterate_phdr, whose lock serialises them with each other and with dlopen's list
  *   updates. Not patched: the dynamic loader, the vDSO, the sanitizer runtimes (they call
  *   the allocator they implement) and libc itself: most of its calls are internal anyway, and

@@ -5,7 +5,8 @@
  *
  * Installed once per process, lazily, by the first registration cache (xccl_memhook_start), by
  * rewriting the GOT slots (JUMP_SLOT and GLOB_DAT relocations) of every loaded object for
- * free, realloc, reallocarray, munmap, mremap, madvise, mmap (MAP_FIXED) and shmdt. A hook
+ * free, realloc, reallocarray, munmap, mremap, madvise, mmap (MAP_FIXED) and shmdt (and dlsym,
+ * so that pointers looked up in a library handle, as ctypes does, are the hooks). A hook
  * reports the affected range, if it may overlap a registration (xccl_memhook_watch), into a
  * bounded lock-free event log before it calls the real function; the caches read the log
  * (xccl_memhook_drain) under their own locks before every lookup. A hook takes no lock and
