@@ -364,7 +364,6 @@ xccl_status_t xccl_ctx_create(const xccl_comm_config_t *cfg, xccl_ctx_t **out)
                         spec ? spec : "");
         goto out;
     }
-    xccl_ctx_topo_models(ctx, cand, ncand); /* as on every other rank (topo.c) */
     {
         xccl_tp_init_params_t p = {
             .rank = cfg->rank, .size = cfg->size, .job_id = ctx->job_id, .peers = ctx->peers,
@@ -435,6 +434,25 @@ xccl_status_t xccl_ctx_create(const xccl_comm_config_t *cfg, xccl_ctx_t **out)
         st = xccl_store_get(cfg->store, key, t_end - xccl_now_ms(), &raw[r], &vlen);
         if (st < 0) goto out;
         XCCL_CHECK_GOTO(xccl_addr_rec_parse(raw[r], vlen, r, &recs[r]), st, out);
+    }
+
+    /* the models communicators price links with (topo.c), the same on every rank: from the
+     * transports asked for, less those between hosts that no rank could start (ibverbs on a
+     * cluster without RDMA must not price its TCP links as RDMA ones). Every rank sees the
+     * same address records, so every rank drops the same. */
+    {
+        const xccl_transport_ops_t *price[XCCL_MAX_TRANSPORTS];
+        int                         nprice = 0;
+        for (int i = 0; i < ncand; i++) {
+            int started = (cand[i]->caps & XCCL_TP_CAP_INTRA_HOST) != 0;
+            for (int k = 0; k < ctx->ntp && !started; k++) started = ctx->tp[k].ops == cand[i];
+            for (int r = 0; r < cfg->size && !started; r++) {
+                for (int j = 0; r != cfg->rank && j < recs[r].ntp && !started; j++)
+                    started = strcmp(recs[r].names[j], cand[i]->name) == 0;
+            }
+            if (started) price[nprice++] = cand[i];
+        }
+        xccl_ctx_topo_models(ctx, price, nprice);
     }
 
     /* 4. per (peer, memory type) transport choice - the first in preference order that both
