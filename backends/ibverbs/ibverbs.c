@@ -1166,7 +1166,8 @@ static void ib_gid_type(const char *dev, int port, int i, char *buf, size_t len)
     buf[strcspn(buf, "\n")] = '\0';
 }
 
-/* RoCE: picks the GID index (see the file comment). 0 or -1 with why. */
+/* RoCE: picks the GID index (see the file comment). 0, -1 (none usable: why) or -2 (a bad
+ * XCCL_IB_GID_INDEX: why). */
 static int ib_pick_gid(xccl_tp_ctx_t *ctx, char *why, size_t len)
 {
     int64_t forced = xccl_env_int("XCCL_IB_GID_INDEX", -1);
@@ -1174,11 +1175,16 @@ static int ib_pick_gid(xccl_tp_ctx_t *ctx, char *why, size_t len)
 
     if (forced >= 0) {
         char t[32];
-        if (forced >= ctx->pattr.gid_tbl_len ||
-            ctx->f.query_gid(ctx->dev, ctx->port, (int)forced, &ctx->gid) != 0) {
-            snprintf(why, len, "XCCL_IB_GID_INDEX=%" PRId64 ": no such GID on %s port %u "
-                     "(table of %d)", forced, ctx->dev_name, ctx->port, ctx->pattr.gid_tbl_len);
-            return -1;
+        int  zero = 1;
+        if (forced < ctx->pattr.gid_tbl_len &&
+            ctx->f.query_gid(ctx->dev, ctx->port, (int)forced, &ctx->gid) == 0) {
+            for (int k = 0; k < 16; k++) zero &= ctx->gid.raw[k] == 0;
+        }
+        if (zero) {
+            snprintf(why, len, "XCCL_IB_GID_INDEX=%" PRId64 ": %s port %u has no GID there "
+                     "(table of %d entries; ibv_devinfo -v lists them)", forced, ctx->dev_name,
+                     ctx->port, ctx->pattr.gid_tbl_len);
+            return -2;
         }
         ib_gid_type(ctx->dev_name, ctx->port, (int)forced, t, sizeof(t));
         ctx->gid_index = (int)forced;
@@ -1382,8 +1388,10 @@ static xccl_status_t ib_init(const xccl_tp_init_params_t *params, xccl_tp_ctx_t 
         return xccl_error_set(XCCL_ERR_NOT_SUPPORTED, "%s", why);
     }
     if (ctx->pattr.link_layer == IBV_LINK_LAYER_ETHERNET) {
-        if (ib_pick_gid(ctx, why, sizeof(why)) != 0) {
+        rc = ib_pick_gid(ctx, why, sizeof(why));
+        if (rc != 0) {
             ib_finalize(ctx);
+            if (rc == -2) return XCCL_ERROR(XCCL_ERR_INVALID_ARG, "ibverbs: %s", why);
             return xccl_error_set(XCCL_ERR_NOT_SUPPORTED, "%s", why);
         }
     } else {
