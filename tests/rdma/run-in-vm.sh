@@ -7,10 +7,10 @@
 # extension built here (built first: python3 setup.py build_ext --inplace; the host needs
 # libibverbs-dev for the ibverbs transport to be compiled in). CMD runs as root, with numpy and
 # pytest available; several words are joined as a shell command. Default CMD: the RDMA suite,
-# python3 -m pytest -q tests/rdma.
+# python3 -m pytest -q -p no:cacheprovider tests/rdma.
 #
 # Options:
-#   -d N     soft-RoCE devices rxe0..rxe(N-1) (default 1; 0: none), rxeI on netdev dummyI
+#   -d N     soft-RoCE devices rxe0..rxe(N-1) (default 2; 0: none), rxeI on netdev dummyI
 #            with address 10.99.I.1/24 (GID index 1 is that address's RoCE v2 entry)
 #   -c N     virtual CPUs (default: this machine's, nproc)
 #   -m MB    memory (default 4096)
@@ -28,7 +28,7 @@ set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
 IMG=${XCCL_VM_IMAGE:-${XDG_CACHE_HOME:-$HOME/.cache}/xccl/rdma-vm}
-DEVS=1 CPUS=$(nproc) MEM=4096 LIMIT=1200 VERBOSE=
+DEVS=2 CPUS=$(nproc) MEM=4096 LIMIT=1200 VERBOSE=
 ENVS=()
 usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//'; }
 while getopts "d:c:m:t:e:vh" o; do
@@ -45,7 +45,7 @@ while getopts "d:c:m:t:e:vh" o; do
 done
 shift $((OPTIND - 1))
 [ "${1:-}" = -- ] && shift
-CMD=${*:-python3 -m pytest -q tests/rdma}
+CMD=${*:-python3 -m pytest -q -p no:cacheprovider tests/rdma}
 for v in "$DEVS" "$CPUS" "$MEM" "$LIMIT"; do
     [[ $v =~ ^[0-9]+$ ]] || { echo "run-in-vm: '$v' is not a number" >&2; exit 2; }
 done
