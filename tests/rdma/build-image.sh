@@ -20,7 +20,7 @@ SUITE=bookworm
 PKGS=(
     linux-image-amd64 kmod busybox-static iproute2 procps
     rdma-core ibverbs-providers ibverbs-utils libibverbs-dev
-    python3 python3-numpy python3-pytest
+    python3 python3-numpy python3-pytest python3-pytest-timeout
 )
 
 log() { printf '[build-image %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }

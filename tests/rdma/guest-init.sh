@@ -25,6 +25,7 @@ mount -t tmpfs tmpfs /run
 mount -t tmpfs tmpfs /tmp
 [ -e /dev/fd ] || ln -s /proc/self/fd /dev/fd
 hostname xccl-vm
+printf "127.0.0.1 localhost\n127.0.1.1 xccl-vm\n::1 localhost\n" >/etc/hosts
 ip link set lo up
 
 set -a
