@@ -1205,9 +1205,24 @@ static void ib_gid_type(const char *dev, int port, int i, char *buf, size_t len)
  * XCCL_IB_GID_INDEX: why). */
 static int ib_pick_gid(xccl_tp_ctx_t *ctx, char *why, size_t len)
 {
-    int64_t forced = xccl_env_int("XCCL_IB_GID_INDEX", -1);
-    int     best = -1, best_rank = 0;
+    const char *env    = getenv("XCCL_IB_GID_INDEX");
+    int64_t     forced = -1;
+    int         best = -1, best_rank = 0;
 
+    if (env != NULL && *env != '\0') { /* a decimal index; anything else is a mistake */
+        char *end = NULL;
+        long  v;
+        errno = 0;
+        v     = strtol(env, &end, 10);
+        if (errno != 0 || end == env || *end != '\0' || v < 0 || v > 255) {
+            snprintf(why, len,
+                     "XCCL_IB_GID_INDEX='%.32s': expected a GID index from 0 to 255 (unset: "
+                     "chosen automatically)",
+                     env);
+            return -2;
+        }
+        forced = v;
+    }
     if (forced >= 0) {
         char t[32];
         int  zero = 1;
