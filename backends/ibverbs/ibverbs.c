@@ -853,6 +853,10 @@ static void ib_read_done(xccl_tp_ctx_t *ctx, int peer)
     }
 }
 
+static int         ib_query_port(xccl_tp_ctx_t *ctx, struct ibv_context *c, uint8_t port,
+                                 struct ibv_port_attr *pa);
+static const char *ib_port_state_str(int s);
+
 static void ib_handle_wc(xccl_tp_ctx_t *ctx, const struct ibv_wc *wc)
 {
     int        kind = WR_KIND(wc->wr_id), peer = WR_PEER(wc->wr_id);
@@ -862,12 +866,17 @@ static void ib_handle_wc(xccl_tp_ctx_t *ctx, const struct ibv_wc *wc)
     p = &ctx->peers[peer];
     if (p->state != IB_P_UP) return; /* flushed work of a failed peer */
     if (wc->status != IBV_WC_SUCCESS) {
-        char what[200];
-        snprintf(what, sizeof(what), "%s failed: %s (status %d, vendor error 0x%x)",
+        char                 what[200], port[64] = "";
+        struct ibv_port_attr pa;
+        /* a port that went down explains the failure better than the completion status */
+        if (ib_query_port(ctx, ctx->dev, ctx->port, &pa) == 0 && pa.state != IBV_PORT_ACTIVE)
+            snprintf(port, sizeof(port), "; port %u of %.32s is %s", ctx->port, ctx->dev_name,
+                     ib_port_state_str(pa.state));
+        snprintf(what, sizeof(what), "%s failed: %s (status %d, vendor error 0x%x)%s",
                  kind == WR_RECV   ? "receive"
                  : kind == WR_READ ? "RDMA READ"
                                    : "send",
-                 ctx->f.wc_status_str(wc->status), (int)wc->status, wc->vendor_err);
+                 ctx->f.wc_status_str(wc->status), (int)wc->status, wc->vendor_err, port);
         ib_fail_peer_fmt(ctx, peer, XCCL_ERR_REMOTE, what);
         return;
     }
