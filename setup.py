@@ -1,8 +1,12 @@
 """Build script: one C extension, ``xccl._C``, from csrc/ and backends/.
 
 What is built: the C engine (csrc/core, csrc/algo), the CPython extension (csrc/pyext) and the
-two transports that exist, tcp and shm (backends/tcp, backends/shm). There is no CUDA or
-libibverbs backend yet; the module needs only libc, libdl and libm, and moves CPU memory only.
+transports: tcp and shm (backends/tcp, backends/shm) always, and ibverbs (backends/ibverbs,
+RDMA) when rdma-core's header <infiniband/verbs.h> is found (Debian/Ubuntu: libibverbs-dev;
+RHEL: rdma-core-devel). Without it the build leaves ibverbs out and says why. libibverbs is
+never linked: the transport loads libibverbs.so.1 with dlopen when a communicator starts, so
+the module needs only libc, libdl and libm, and imports on machines without the library or an
+RDMA device (the transport then reports itself "not usable" and tcp/shm carry on).
 
 Environment: ``XCCL_WERROR=0`` builds without -Werror; ``XCCL_SANITIZE=address`` (or ``1``)
 builds with AddressSanitizer and UndefinedBehaviorSanitizer (every UB report is fatal). Such a
@@ -13,10 +17,39 @@ build/san-py/ and runs part of the Python suite with it.
 
 import glob
 import os
+import shlex
+import subprocess
+import sys
+import sysconfig
+import tempfile
 
 from setuptools import Extension, setup
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def _have_ibverbs() -> tuple[bool, str]:
+    """Whether the C compiler finds <infiniband/verbs.h>, and if not, why."""
+    cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "probe.c")
+        with open(src, "w", encoding="ascii") as f:
+            f.write("#include <infiniband/verbs.h>\nint main(void) { return 0; }\n")
+        try:
+            res = subprocess.run(shlex.split(cc) + ["-E", "-o", os.devnull, src],
+                                 capture_output=True, text=True, check=False)
+        except OSError as e:
+            return False, f"cannot run the C compiler {cc!r}: {e}"
+    if res.returncode != 0:
+        return False, ("<infiniband/verbs.h> not found (install libibverbs-dev, or "
+                       "rdma-core-devel)")
+    return True, ""
+
+
+HAVE_IBVERBS, NO_IBVERBS_WHY = _have_ibverbs()
+if not HAVE_IBVERBS:
+    print(f"xccl: building without the ibverbs (RDMA) transport: {NO_IBVERBS_WHY}",
+          file=sys.stderr)
 
 
 def _sources() -> list[str]:
@@ -24,11 +57,15 @@ def _sources() -> list[str]:
     out: list[str] = []
     for pat in pats:
         out += sorted(glob.glob(pat, root_dir=ROOT))
+    if not HAVE_IBVERBS:
+        out = [s for s in out if not s.startswith("backends/ibverbs/")]
     return out
 
 
 def _macros() -> list[tuple[str, str]]:
     macros = [("_GNU_SOURCE", "1")]
+    if not HAVE_IBVERBS:
+        macros.append(("XCCL_NO_IBVERBS", "1"))
     return macros
 
 

@@ -31,7 +31,7 @@
 #include "xccl/xccl.h"
 #include "xccl/xccl_transport.h"
 
-#define XCCL_MAX_TRANSPORTS 4
+#define XCCL_MAX_TRANSPORTS 6
 
 enum { TAG_KIND_P2P = 0, TAG_KIND_COLL = 1, TAG_KIND_CTRL = 2 };
 

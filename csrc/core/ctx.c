@@ -187,6 +187,41 @@ static void ctx_free(xccl_ctx_t *ctx)
 
 static const xccl_tp_upcalls_t *ctx_upcalls(xccl_ctx_t *ctx, int k);
 
+/* The key-value view of the store a transport gets for init and wireup (xccl_tp_kv_t): its
+ * keys live under "xccl/g<gen>/tp/<transport>/", beside the core's own. */
+typedef struct tp_kv_view {
+    xccl_tp_kv_t  kv;
+    xccl_store_t *store;
+    char          prefix[96];
+} tp_kv_view_t;
+
+static xccl_status_t kv_key(const tp_kv_view_t *v, const char *key, char *out, size_t len)
+{
+    if (key == NULL || *key == '\0' || strlen(key) > 96)
+        return XCCL_ERROR(XCCL_ERR_INVALID_ARG, "transport store key: 1 to 96 characters");
+    snprintf(out, len, "%s%s", v->prefix, key);
+    return XCCL_OK;
+}
+
+static xccl_status_t kv_put(void *core, const char *key, const void *val, size_t len)
+{
+    tp_kv_view_t *v = core;
+    char          k[200];
+
+    XCCL_CHECK(kv_key(v, key, k, sizeof(k)));
+    return xccl_store_set(v->store, k, val, len);
+}
+
+static xccl_status_t kv_get(void *core, const char *key, int64_t timeout_ms, void **val,
+                            size_t *len)
+{
+    tp_kv_view_t *v = core;
+    char          k[200];
+
+    XCCL_CHECK(kv_key(v, key, k, sizeof(k)));
+    return xccl_store_get(v->store, k, timeout_ms > 0 ? timeout_ms : 0, val, len);
+}
+
 /* Whether each world rank's host runs more ranks of this job than the CPUs they may run on
  * together (the union of their affinity masks: ranks bound one per CPU are not short of CPUs,
  * ranks all bound to one are). Every rank computes it from the same peer table, so the answer
@@ -240,6 +275,8 @@ xccl_status_t xccl_ctx_create(const xccl_comm_config_t *cfg, xccl_ctx_t **out)
     uint8_t                    *rec   = NULL;
     xccl_addr_rec_t            *recs  = NULL;
     void                      **raw   = NULL;
+    tp_kv_view_t                kvs[XCCL_MAX_TRANSPORTS];
+    char                        unusable[512] = ""; /* "name not usable: why; ..." */
     const char                 *spec  = cfg->transports ? cfg->transports : getenv("XCCL_TRANSPORTS");
     const void                 *key_p = cfg->auth_key;
     size_t                      key_l = cfg->auth_key_len;
@@ -327,7 +364,6 @@ xccl_status_t xccl_ctx_create(const xccl_comm_config_t *cfg, xccl_ctx_t **out)
                         spec ? spec : "");
         goto out;
     }
-    xccl_ctx_topo_models(ctx, cand, ncand); /* as on every other rank (topo.c) */
     {
         xccl_tp_init_params_t p = {
             .rank = cfg->rank, .size = cfg->size, .job_id = ctx->job_id, .peers = ctx->peers,
@@ -345,10 +381,24 @@ xccl_status_t xccl_ctx_create(const xccl_comm_config_t *cfg, xccl_ctx_t **out)
             size_t         alen = XCCL_TP_ADDR_MAX;
             uint32_t       l32;
             if (cand[i]->abi_version != XCCL_TRANSPORT_ABI_VERSION) continue;
-            p.up = ctx_upcalls(ctx, ctx->ntp);
-            st   = cand[i]->init(&p, &tc);
+            p.up          = ctx_upcalls(ctx, ctx->ntp);
+            kvs[ctx->ntp] = (tp_kv_view_t){
+                .kv = {.core = &kvs[ctx->ntp], .put = kv_put, .get = kv_get},
+                .store = cfg->store,
+            };
+            snprintf(kvs[ctx->ntp].prefix, sizeof(kvs[ctx->ntp].prefix), "%stp/%s/", prefix,
+                     cand[i]->name);
+            p.kv = &kvs[ctx->ntp].kv;
+            xccl_error_set(XCCL_OK, "%s", "");
+            st = cand[i]->init(&p, &tc);
             if (st == XCCL_ERR_NOT_SUPPORTED) {
-                XCCL_INFO("transport %s not available here", cand[i]->name);
+                /* the transport said why with xccl_error_set (xccl_transport.h) */
+                const char *why = xccl_last_error();
+                size_t      ul  = strlen(unusable);
+                if (why == NULL || *why == '\0') why = "not available here";
+                XCCL_INFO("transport %s not usable: %s", cand[i]->name, why);
+                snprintf(unusable + ul, sizeof(unusable) - ul, "%s%s not usable: %s",
+                         ul > 0 ? "; " : "", cand[i]->name, why);
                 continue;
             }
             if (st < 0) goto out;
@@ -369,6 +419,12 @@ xccl_status_t xccl_ctx_create(const xccl_comm_config_t *cfg, xccl_ctx_t **out)
             uint32_t n32 = (uint32_t)ctx->ntp;
             memcpy(rec, &n32, 4);
         }
+        if (ctx->ntp == 0) {
+            st = XCCL_ERROR(XCCL_ERR_NOT_SUPPORTED,
+                            "comm create on rank %d: no usable transport: XCCL_TRANSPORTS='%s': %s",
+                            cfg->rank, spec != NULL ? spec : "auto", unusable);
+            goto out;
+        }
         snprintf(key, sizeof(key), "%saddr/%d", prefix, cfg->rank);
         XCCL_CHECK_GOTO(xccl_store_set(cfg->store, key, rec, off), st, out);
     }
@@ -378,6 +434,25 @@ xccl_status_t xccl_ctx_create(const xccl_comm_config_t *cfg, xccl_ctx_t **out)
         st = xccl_store_get(cfg->store, key, t_end - xccl_now_ms(), &raw[r], &vlen);
         if (st < 0) goto out;
         XCCL_CHECK_GOTO(xccl_addr_rec_parse(raw[r], vlen, r, &recs[r]), st, out);
+    }
+
+    /* the models communicators price links with (topo.c), the same on every rank: from the
+     * transports asked for, less those between hosts that no rank could start (ibverbs on a
+     * cluster without RDMA must not price its TCP links as RDMA ones). Every rank sees the
+     * same address records, so every rank drops the same. */
+    {
+        const xccl_transport_ops_t *price[XCCL_MAX_TRANSPORTS];
+        int                         nprice = 0;
+        for (int i = 0; i < ncand; i++) {
+            int started = (cand[i]->caps & XCCL_TP_CAP_INTRA_HOST) != 0;
+            for (int k = 0; k < ctx->ntp && !started; k++) started = ctx->tp[k].ops == cand[i];
+            for (int r = 0; r < cfg->size && !started; r++) {
+                for (int j = 0; r != cfg->rank && j < recs[r].ntp && !started; j++)
+                    started = strcmp(recs[r].names[j], cand[i]->name) == 0;
+            }
+            if (started) price[nprice++] = cand[i];
+        }
+        xccl_ctx_topo_models(ctx, price, nprice);
     }
 
     /* 4. per (peer, memory type) transport choice - the first in preference order that both
@@ -402,8 +477,9 @@ xccl_status_t xccl_ctx_create(const xccl_comm_config_t *cfg, xccl_ctx_t **out)
         ctx->peer_tp[r] = ctx->peer_tp_mem[XCCL_MEM_HOST * cfg->size + r];
         if (r != cfg->rank && ctx->peer_tp[r] < 0) {
             st = XCCL_ERROR(XCCL_ERR_NOT_SUPPORTED,
-                            "comm create on rank %d: no common transport reaches rank %d",
-                            cfg->rank, r);
+                            "comm create on rank %d: no common transport reaches rank %d%s%s%s",
+                            cfg->rank, r, unusable[0] ? " (on this rank: " : "", unusable,
+                            unusable[0] ? ")" : "");
             goto out;
         }
     }

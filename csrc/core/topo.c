@@ -16,7 +16,9 @@
  * rank asked for (xccl_ctx_topo_models), not from those this rank loaded and kept: a rank
  * alone on its host loads no shared-memory transport (no peer to reach), yet must price the
  * links inside the other nodes as their members do, or it picks another algorithm than they
- * do and the call hangs until its timeout.
+ * do and the call hangs until its timeout. A transport between hosts that no rank could start
+ * (its address record names it nowhere: ibverbs without an RDMA device) does not price the
+ * links, since it carries none; every rank sees the same records and drops the same ones.
  */
 #include "core/core.h"
 

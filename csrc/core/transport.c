@@ -15,7 +15,19 @@
 extern const xccl_transport_ops_t xccl_transport_tcp;
 extern const xccl_transport_ops_t xccl_transport_shm;
 
+/* The ibverbs transport is built where rdma-core's headers are (backends/ibverbs/ibverbs.c
+ * uses the same test, so both agree; setup.py defines XCCL_NO_IBVERBS when it leaves it out). */
+#if !defined(XCCL_NO_IBVERBS) && defined(__has_include)
+#if __has_include(<infiniband/verbs.h>)
+#define XCCL_WITH_IBVERBS 1
+#endif
+#endif
+#ifdef XCCL_WITH_IBVERBS
+extern const xccl_transport_ops_t xccl_transport_ibverbs;
+enum { NBUILTIN = 3 };
+#else
 enum { NBUILTIN = 2 };
+#endif
 
 _Static_assert(NBUILTIN + XCCL_TP_REGISTER_MAX <= XCCL_MAX_TRANSPORTS,
                "a context can hold every registered transport");
@@ -23,6 +35,9 @@ _Static_assert(NBUILTIN + XCCL_TP_REGISTER_MAX <= XCCL_MAX_TRANSPORTS,
 /* one NULL slot after the last possible entry */
 static const xccl_transport_ops_t *registry[NBUILTIN + XCCL_TP_REGISTER_MAX + 1] = {
     &xccl_transport_shm,
+#ifdef XCCL_WITH_IBVERBS
+    &xccl_transport_ibverbs,
+#endif
     &xccl_transport_tcp,
 };
 static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;

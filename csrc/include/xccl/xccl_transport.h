@@ -26,8 +26,17 @@
  *   then disarms each (wait_disarm). A descriptor must turn readable whenever `wait` would
  *   return: a message or completion to progress, a `wake`.
  *
+ * Wire-up data
+ *   Each rank publishes one address blob per transport (get_addr, at most XCCL_TP_ADDR_MAX
+ *   bytes): per-rank data. Data per pair of ranks (e.g. the queue-pair numbers of a
+ *   connection-per-peer transport, which grow with the job and do not fit a fixed blob) goes
+ *   through the key-value view of the bootstrap store that init's params give (kv), scoped to
+ *   this context and the transport: keys never collide with the core's or another transport's.
+ *   The store is the job's authenticated channel (its TCP server admits only clients that know
+ *   the job secret), so such data travels under the job's authentication.
+ *
  * Versioning
- *   abi_version must equal XCCL_TRANSPORT_ABI_VERSION. New entries are appended; optional
+ *   abi_version must equal XCCL_TRANSPORT_ABI_VERSION (5 added xccl_tp_init_params_t.kv). New entries are appended; optional
  *   entries may be NULL.
  *
  * Building a transport
@@ -47,7 +56,7 @@
 extern "C" {
 #endif
 
-#define XCCL_TRANSPORT_ABI_VERSION 4
+#define XCCL_TRANSPORT_ABI_VERSION 5
 #define XCCL_TP_ADDR_MAX           256 /* bytes of address blob per rank and transport */
 #define XCCL_TP_NAME_MAX           16  /* bytes of a transport's name, NUL included     */
 #define XCCL_CPU_WORDS             16  /* xccl_peer_info_t.cpus: CPUs 0..1023           */
@@ -103,6 +112,21 @@ typedef struct xccl_tp_upcalls {
     void (*peer_failed)(void *core, int peer, xccl_status_t st, const char *why);
 } xccl_tp_upcalls_t;
 
+/* A key-value view of the bootstrap store, scoped to one context and one transport (the core
+ * prefixes every key with the context's generation and the transport's name). Valid from init
+ * until wireup returns (or, when wireup is never called, until finalize): a transport must not
+ * keep it beyond. Both calls block (at most timeout_ms for get); they are made without
+ * progress running, from init or wireup only.
+ *   put: stores len bytes under key (overwriting). Keys are NUL-terminated, at most 96 bytes.
+ *   get: waits until key exists or timeout_ms passes (XCCL_ERR_TIMEOUT; 0: test once); on
+ *        XCCL_OK *val is a malloc'd copy (free() it) of *len bytes. */
+typedef struct xccl_tp_kv {
+    void *core;
+    xccl_status_t (*put)(void *core, const char *key, const void *val, size_t len);
+    xccl_status_t (*get)(void *core, const char *key, int64_t timeout_ms, void **val,
+                         size_t *len);
+} xccl_tp_kv_t;
+
 typedef struct xccl_tp_init_params {
     int                      rank;   /* rank in the context (the world communicator)        */
     int                      size;
@@ -114,6 +138,9 @@ typedef struct xccl_tp_init_params {
     /* this host runs more ranks of the job than the CPUs they may run on together (the core
      * counts both from `peers`): a transport may trade copies for CPU time */
     int                      cpus_scarce;
+    /* the bootstrap store's view for this transport (see xccl_tp_kv_t); NULL when the caller
+     * has none (a transport that needs it then answers XCCL_ERR_NOT_SUPPORTED) */
+    const xccl_tp_kv_t      *kv;
 } xccl_tp_init_params_t;
 
 typedef struct xccl_tp_ctx xccl_tp_ctx_t; /* transport-private per-context state */
@@ -137,7 +164,9 @@ typedef struct xccl_transport_ops {
     int         priority;    /* among transports that reach a peer, the highest is used       */
 
     /* Creates the per-context state and any listening endpoint. XCCL_ERR_NOT_SUPPORTED means
-     * "not usable on this machine" (e.g. a library is missing) and is not an error. */
+     * "not usable on this machine" (e.g. a library is missing) and is not an error; the
+     * transport then records why with xccl_error_set ("no RDMA device", ...), which the core
+     * logs at INFO and puts in its error when no transport asked for is usable. */
     xccl_status_t (*init)(const xccl_tp_init_params_t *params, xccl_tp_ctx_t **ctx);
     /* Closes every connection and frees the context. Never waits for peers. */
     void (*finalize)(xccl_tp_ctx_t *ctx);
