@@ -67,6 +67,7 @@ struct xccl_rcache {
     size_t                      max_idle, max_idle_bytes;
     uintptr_t                   page;
     int                         hooks; /* memory hooks active: host entries may stay idle */
+    int                         hooks_asked; /* xccl_memhook_start called (at the first lookup) */
     xccl_memhook_cursor_t       cur;   /* the hooks' events read so far */
 };
 
@@ -197,8 +198,6 @@ xccl_status_t xccl_rcache_new(const xccl_transport_ops_t *ops, xccl_tp_ctx_t *tc
     rc->max_idle       = (size_t)xccl_env_int("XCCL_RCACHE_MAX_ENTRIES", 1024);
     rc->max_idle_bytes = (size_t)xccl_env_int("XCCL_RCACHE_MAX_BYTES", (int64_t)1 << 30);
     rc->page           = page > 0 ? (uintptr_t)page : 4096;
-    rc->hooks          = xccl_memhook_start();
-    if (rc->hooks) xccl_memhook_cursor_init(&rc->cur);
     *out = rc;
     return XCCL_OK;
 }
@@ -274,6 +273,11 @@ xccl_status_t xccl_rcache_get(xccl_rcache_t *rc, void *ptr, size_t nbytes, xccl_
     if (mem == XCCL_MEM_HOST) { /* pinning works on whole pages: so does the cache */
         start &= ~(rc->page - 1);
         end = (end + rc->page - 1) & ~(rc->page - 1);
+    }
+    if (!rc->hooks_asked) { /* not at creation: a context may drop the transport unused */
+        rc->hooks_asked = 1;
+        rc->hooks       = xccl_memhook_start();
+        if (rc->hooks) xccl_memhook_cursor_init(&rc->cur);
     }
     if (rc->hooks) sync_events(rc);
     pos = idx_search(rc, start);
