@@ -64,14 +64,18 @@ PRELUDE = textwrap.dedent(
     lib.mh_fresh.argtypes = [ctypes.c_long]
     lib.mh_cache_free.argtypes = [ctypes.c_void_p]
     rc = lib.mh_cache_new()
-    slots, objects, events = ctypes.c_int(), ctypes.c_int(), ctypes.c_ulonglong()
-    active = lib.mh_stats(ctypes.byref(slots), ctypes.byref(objects), ctypes.byref(events))
-    out = {"active": active, "slots": slots.value}
 
     def use(addr, n):
         rid = lib.mh_use(rc, addr, n)
         assert rid >= 0, "registration failed"
         return rid
+
+    # the hooks start at a cache's first lookup
+    first = ctypes.create_string_buffer(64)
+    use(ctypes.addressof(first), 64)
+    slots, objects, events = ctypes.c_int(), ctypes.c_int(), ctypes.c_ulonglong()
+    active = lib.mh_stats(ctypes.byref(slots), ctypes.byref(objects), ctypes.byref(events))
+    out = {"active": active, "slots": slots.value}
 
     def again(make, addr_of, old_addr, tries=32):
         \"\"\"make() until an object at old_addr comes back: (it, True), else (last, False).\"\"\"
