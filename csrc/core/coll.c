@@ -717,7 +717,7 @@ static xccl_status_t comm_usable(const xccl_comm_t *comm, const char *what)
 }
 
 static xccl_status_t p2p_post(xccl_comm_t *comm, req_kind_t kind, void *buf, size_t nbytes,
-                              int peer, uint32_t tag, xccl_work_t **out)
+                              int peer, uint32_t tag, xccl_mem_type_t mem, xccl_work_t **out)
 {
     const char   *name = kind == REQ_SEND ? "send" : "recv";
     xccl_work_t  *w;
@@ -734,11 +734,17 @@ static xccl_status_t p2p_post(xccl_comm_t *comm, req_kind_t kind, void *buf, siz
         return XCCL_ERROR(XCCL_ERR_INVALID_ARG, "%s: NULL buffer of %zu bytes", name, nbytes);
     if (tag > 0x7fffffffu)
         return XCCL_ERROR(XCCL_ERR_INVALID_ARG, "%s: tag %u is not in [0, 2^31)", name, tag);
+    if (xccl_exec_for(mem) == NULL)
+        return XCCL_ERROR(XCCL_ERR_NOT_SUPPORTED,
+                          "%s: buffers of memory type %d (%s) have no executor in this process "
+                          "(rank %d of comm '%s')",
+                          name, (int)mem, xccl_mem_type_name(mem), comm->rank, comm->name);
     w = xccl_work_new(comm, WORK_P2P, name, 0);
     if (w == NULL) return XCCL_ERROR(XCCL_ERR_NO_MEMORY, "%s: out of memory", name);
     r = &w->p2p_req; /* a p2p Work carries its one request: nothing to allocate */
     req_init(r, w, kind, peer == XCCL_ANY_SOURCE ? XCCL_ANY_SOURCE : comm->world[peer], buf,
              nbytes, tag_p2p(tag));
+    r->mem = mem;
     w->req = r;
     ctx    = comm->ctx;
     pthread_mutex_lock(&ctx->lock);
@@ -759,13 +765,19 @@ static xccl_status_t p2p_post(xccl_comm_t *comm, req_kind_t kind, void *buf, siz
 xccl_status_t xccl_isend(xccl_comm_t *comm, const void *buf, size_t nbytes, int peer,
                          uint32_t tag, xccl_work_t **w)
 {
-    return p2p_post(comm, REQ_SEND, (void *)buf, nbytes, peer, tag, w);
+    return p2p_post(comm, REQ_SEND, (void *)buf, nbytes, peer, tag, XCCL_MEM_HOST, w);
 }
 
 xccl_status_t xccl_irecv(xccl_comm_t *comm, void *buf, size_t nbytes, int peer, uint32_t tag,
                          xccl_work_t **w)
 {
-    return p2p_post(comm, REQ_RECV, buf, nbytes, peer, tag, w);
+    return p2p_post(comm, REQ_RECV, buf, nbytes, peer, tag, XCCL_MEM_HOST, w);
+}
+
+xccl_status_t xccl_p2p_post_mem(xccl_comm_t *comm, int send, void *buf, size_t nbytes, int peer,
+                                uint32_t tag, xccl_mem_type_t mem, xccl_work_t **w)
+{
+    return p2p_post(comm, send ? REQ_SEND : REQ_RECV, buf, nbytes, peer, tag, mem, w);
 }
 
 

@@ -64,6 +64,18 @@ const char *xccl_fp_str(uint64_t fp, char *buf, size_t len);
 typedef struct xccl_ctx  xccl_ctx_t;
 typedef struct xccl_req  xccl_req_t;
 typedef struct xccl_umsg xccl_umsg_t;
+typedef struct xccl_sbuf xccl_sbuf_t;
+
+/* A host bounce buffer of the staging pool (ctx.c, "Staging"): device memory sent to or
+ * received from a peer whose transports move host memory only passes through one. */
+struct xccl_sbuf {
+    void        *p;
+    size_t       cap;    /* bytes (what a registering transport registers, every time)    */
+    int          pooled; /* 0: a one-off allocation (a receive found the pool used up)     */
+    int          busy;
+    xccl_sbuf_t *next;   /* ctx->stage_free while free                                     */
+    xccl_sbuf_t *anext;  /* ctx->stage_all: every bounce buffer, freed with the context    */
+};
 
 typedef enum { REQ_SEND, REQ_RECV } req_kind_t;
 
@@ -96,6 +108,14 @@ struct xccl_req {
     xccl_rreg_t *reg;     /* its buffer's registration with that transport, or NULL        */
     void        *ev;      /* recv: executor event of the copy out of a staged message     */
     xccl_umsg_t *umsg;    /* recv: unexpected message being completed into this request     */
+    /* staging (device memory over a host-memory transport): the bounce buffer; a send on
+     * ctx->stage_q (linked through `next`) until handed to its transport, with the status
+     * that cancelled it while an executor copy was still running */
+    xccl_sbuf_t *sbuf;
+    int          staged;  /* send: its data goes through sbuf (else only queued in order)  */
+    int          copied;  /* send: the copy into sbuf finished                            */
+    int          on_stage_q;
+    xccl_status_t stage_cancel;
     xccl_work_t *work;    /* owner                                                          */
     uint64_t     pseq;    /* recv: posting order within its communicator (any-source rule)  */
     xccl_req_t  *next, *prev; /* recv: its posted queue (comm->posted[peer] or comm->any)   */
@@ -340,6 +360,20 @@ struct xccl_ctx {
     /* staged messages being copied into their receive by an asynchronous executor: requests
      * linked through `next`, tested in every progress pass */
     xccl_req_t       *copies;
+    /* staging of device memory through host bounce buffers for peers whose transports move
+     * host memory only: sends waiting for a bounce buffer, their executor copy, or an earlier
+     * such send to the same peer (messages leave in posting order), in posting order; the
+     * pool of bounce buffers (allocated once and reused, at most stage_limit bytes kept) */
+    xccl_req_t       *stage_head, *stage_tail;
+    int              *stage_pending; /* per world rank: its sends on stage_q              */
+    int64_t          *stage_mark;    /* per world rank: pass in which it was held back    */
+    int64_t           stage_pass;
+    xccl_sbuf_t      *stage_free, *stage_all;
+    size_t            stage_bytes;   /* bytes of pooled bounce buffers                    */
+    size_t            stage_limit;   /* $XCCL_STAGE_BYTES                                 */
+    int               stage_inuse;   /* pooled bounce buffers in use                      */
+    uint64_t          stage_allocs;  /* bounce buffers allocated (tests: reuse)           */
+    uint64_t          stage_sends, stage_recvs; /* messages staged (tests)                */
     char            **peer_dead; /* reason, or NULL while the peer is healthy            */
     uint8_t          *peer_scarce; /* its host runs more ranks of the job than their CPUs  */
     /* large unexpected messages held back in their transport (XCCL_TP_CAP_DEFER): when the
@@ -418,6 +452,11 @@ void          xccl_ctx_mem_forget(xccl_ctx_t *ctx, const void *ptr, size_t nbyte
 
 /* Posting, under the lock. Errors are reported with XCCL_ERROR. */
 xccl_status_t xccl_req_post_send(xccl_ctx_t *ctx, xccl_req_t *r);
+/* Point-to-point of buffers of memory type `mem` (xccl_isend / xccl_irecv are XCCL_MEM_HOST):
+ * a memory type without an executor in this process fails the call (NOT_SUPPORTED). Not in
+ * the public API yet (the extension learns a tensor's device with issue 16); tests use it. */
+xccl_status_t xccl_p2p_post_mem(xccl_comm_t *comm, int send, void *buf, size_t nbytes, int peer,
+                                uint32_t tag, xccl_mem_type_t mem, xccl_work_t **w);
 xccl_status_t xccl_req_post_recv(xccl_ctx_t *ctx, xccl_req_t *r);
 /* Removes a request from the posted queue, or closes its peer when a transport holds it,
  * so that it is retired with `st`. Lock held. */

@@ -140,9 +140,12 @@ static int select_transports(const char *spec, const xccl_transport_ops_t **out)
     return n;
 }
 
+static void stage_drain(xccl_ctx_t *ctx);
+
 static void ctx_free(xccl_ctx_t *ctx)
 {
     if (ctx == NULL) return;
+    stage_drain(ctx); /* no executor may still write a buffer freed below */
     for (int i = 0; i < ctx->ntp; i++) {
         if (ctx->tp[i].rcache != NULL) xccl_rcache_free(ctx->tp[i].rcache);
         ctx->tp[i].rcache = NULL; /* the communicators freed below find no cache */
@@ -177,6 +180,14 @@ static void ctx_free(xccl_ctx_t *ctx)
     free(ctx->peer_dead);
     free(ctx->peer_scarce);
     free(ctx->defer_since);
+    while (ctx->stage_all != NULL) {
+        xccl_sbuf_t *b = ctx->stage_all;
+        ctx->stage_all = b->anext;
+        free(b->p);
+        free(b);
+    }
+    free(ctx->stage_pending);
+    free(ctx->stage_mark);
     free(ctx->peer_tp);
     free(ctx->peer_tp_mem);
     free(ctx->peers);
@@ -295,10 +306,16 @@ xccl_status_t xccl_ctx_create(const xccl_comm_config_t *cfg, xccl_ctx_t **out)
     ctx->defer_since = calloc((size_t)cfg->size, sizeof(int64_t));
     ctx->defer_ms    = xccl_env_int("XCCL_DEFER_MS", 10);
     ctx->defer_min   = (uint64_t)xccl_env_int("XCCL_DEFER_MIN_BYTES", 64 << 10);
+    ctx->stage_pending = calloc((size_t)cfg->size, sizeof(int));
+    ctx->stage_mark    = calloc((size_t)cfg->size, sizeof(int64_t));
+    {
+        int64_t lim = xccl_env_int("XCCL_STAGE_BYTES", 64 << 20);
+        ctx->stage_limit = lim > 0 ? (size_t)lim : 64u << 20;
+    }
     recs         = calloc((size_t)cfg->size, sizeof(*recs));
     raw          = calloc((size_t)cfg->size, sizeof(void *));
     if (!ctx->peers || !ctx->peer_tp || !ctx->peer_tp_mem || !ctx->peer_dead ||
-        !ctx->defer_since || !recs || !raw) {
+        !ctx->defer_since || !ctx->stage_pending || !ctx->stage_mark || !recs || !raw) {
         st = XCCL_ERROR(XCCL_ERR_NO_MEMORY, "comm create: out of memory");
         goto out;
     }
@@ -717,6 +734,129 @@ static xccl_umsg_t *umsg_get(xccl_ctx_t *ctx)
     return u;
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* Staging                                                                                     */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Device memory (any memory type but host) to or from a peer that no transport moving that
+ * type reaches, while a host-memory transport does: the data passes through a host bounce
+ * buffer, copied by the executor of its memory type (asynchronously: its event is tested in
+ * the progress pass). A send copies into a bounce buffer and sends that (ctx->stage_q keeps
+ * its place among the sends to its peer while it waits for a buffer or its copy); a receive
+ * lands in a bounce buffer taken when its message is matched and is copied out before it
+ * completes. Algorithms and transports know nothing of it: a transport sees host memory.
+ *
+ * The pool: bounce buffers are allocated once (64 KiB to a power of two) and reused, so that a
+ * registering transport finds them in its registration cache every time; the pool keeps at
+ * most ctx->stage_limit bytes ($XCCL_STAGE_BYTES, 64 MiB). A send waits (in posting order) for
+ * a buffer while the pool is used up; one larger than the limit gets a buffer of its own once
+ * the pool is idle, freed when it is done. A receive never waits: when the pool is used up it
+ * takes a one-off allocation, as an unexpected message does, so a receive can never wait on a
+ * send of its own rank that waits on it. A buffer returns to the pool only when neither a
+ * transport (send_done / recv_done) nor an executor (its event finished) uses it. */
+
+#define STAGE_MIN_CAP ((size_t)64 << 10)
+
+static size_t stage_cap_for(size_t n)
+{
+    size_t c = STAGE_MIN_CAP;
+
+    while (c < n && c < ((size_t)1 << 62)) c <<= 1;
+    return c < n ? n : c;
+}
+
+static xccl_sbuf_t *sbuf_new(xccl_ctx_t *ctx, size_t cap, int pooled)
+{
+    xccl_sbuf_t *b = calloc(1, sizeof(*b));
+
+    if (b == NULL) return NULL;
+    if (posix_memalign(&b->p, 4096, cap) != 0) {
+        free(b);
+        return NULL;
+    }
+    b->cap         = cap;
+    b->pooled      = pooled;
+    b->busy        = 1;
+    b->anext       = ctx->stage_all;
+    ctx->stage_all = b;
+    ctx->stage_allocs++;
+    if (pooled) {
+        ctx->stage_bytes += cap;
+        ctx->stage_inuse++;
+    }
+    return b;
+}
+
+static void sbuf_destroy(xccl_ctx_t *ctx, xccl_sbuf_t *b)
+{
+    xccl_ctx_mem_forget(ctx, b->p, b->cap); /* no registration outlives the memory it pins */
+    for (xccl_sbuf_t **pp = &ctx->stage_all; *pp != NULL; pp = &(*pp)->anext) {
+        if (*pp == b) {
+            *pp = b->anext;
+            break;
+        }
+    }
+    if (b->pooled) ctx->stage_bytes -= b->cap;
+    free(b->p);
+    free(b);
+}
+
+/* A bounce buffer of at least n (> 0) bytes. NULL while the pool is used up (oneoff: a one-off
+ * buffer then) or, with *oom set, out of memory. */
+static xccl_sbuf_t *stage_get(xccl_ctx_t *ctx, size_t n, int oneoff, int *oom)
+{
+    xccl_sbuf_t **best = NULL, *b;
+    size_t        cap  = stage_cap_for(n), free_bytes = 0;
+
+    *oom = 0;
+    for (xccl_sbuf_t **pp = &ctx->stage_free; *pp != NULL; pp = &(*pp)->next) {
+        free_bytes += (*pp)->cap;
+        if ((*pp)->cap >= n && (best == NULL || (*pp)->cap < (*best)->cap)) best = pp;
+    }
+    if (best != NULL) {
+        b       = *best;
+        *best   = b->next;
+        b->next = NULL;
+        b->busy = 1;
+        ctx->stage_inuse++;
+        return b;
+    }
+    /* a new one, making room by freeing idle ones too small for it, when the buffers in use
+     * leave room for it (or none is in use: a message larger than the limit) */
+    if (ctx->stage_bytes - free_bytes + cap <= ctx->stage_limit || ctx->stage_inuse == 0) {
+        while (ctx->stage_free != NULL && ctx->stage_bytes + cap > ctx->stage_limit) {
+            b               = ctx->stage_free;
+            ctx->stage_free = b->next;
+            sbuf_destroy(ctx, b);
+        }
+        b = sbuf_new(ctx, cap, 1);
+        if (b != NULL) return b;
+        *oom = 1;
+    }
+    if (!oneoff) return NULL;
+    b    = sbuf_new(ctx, n, 0);
+    *oom = b == NULL;
+    return b;
+}
+
+/* Gives a bounce buffer back: nothing uses it any more. */
+static void stage_put(xccl_ctx_t *ctx, xccl_sbuf_t *b)
+{
+    b->busy = 0;
+    if (!b->pooled) {
+        sbuf_destroy(ctx, b);
+        return;
+    }
+    ctx->stage_inuse--;
+    if (ctx->stage_bytes > ctx->stage_limit) { /* a message larger than the pool had it */
+        sbuf_destroy(ctx, b);
+        return;
+    }
+    b->next         = ctx->stage_free;
+    ctx->stage_free = b;
+}
+
+
 /* Frees an unexpected message already unlinked. */
 static void umsg_release(xccl_ctx_t *ctx, xccl_umsg_t *u)
 {
@@ -794,6 +934,11 @@ static void req_complete(xccl_ctx_t *ctx, xccl_req_t *r, xccl_status_t st)
         xccl_rcache_put(ctx->tp[r->tp].rcache, r->reg);
         r->reg = NULL;
     }
+    if (r->sbuf != NULL) { /* a staged send's bounce buffer: neither transport nor executor
+                            * uses it now */
+        stage_put(ctx, r->sbuf);
+        r->sbuf = NULL;
+    }
     if (w == NULL) { /* an ownerless control notice */
         xccl_req_put(ctx, r);
         return;
@@ -860,7 +1005,17 @@ static int copies_progress(xccl_ctx_t *ctx)
         r->next = NULL;
         r->ev   = NULL;
         r->umsg = NULL;
-        umsg_release(ctx, u);
+        if (u != NULL) umsg_release(ctx, u);
+        if (r->sbuf != NULL) { /* a staged receive: the executor is done with the buffer */
+            stage_put(ctx, r->sbuf);
+            r->sbuf = NULL;
+            if (st < 0)
+                st = XCCL_ERROR(st,
+                                "receive of %zu bytes from rank %d into %s memory: the copy "
+                                "out of the host staging buffer failed (%s)",
+                                r->received, r->src, xccl_mem_type_name(r->mem),
+                                xccl_status_string(st));
+        }
         req_complete(ctx, r, st);
         events++;
     }
@@ -948,6 +1103,26 @@ static xccl_status_t up_recv_match(void *core, int peer, const xccl_msg_hdr_t *h
         if (hdr->nbytes > r->nbytes) {
             r->status = XCCL_ERR_INVALID_USAGE; /* no truncation */
         } else if (hdr->nbytes > 0 && slot >= 0 &&
+                   !(ctx->tp[slot].ops->caps & xccl_tp_cap_for(r->mem)) &&
+                   (ctx->tp[slot].ops->caps & XCCL_TP_CAP_HOST_MEM) &&
+                   xccl_exec_for(r->mem) != NULL) {
+            /* staged: lands in a host bounce buffer, copied out at recv_done */
+            int oom;
+            r->sbuf = stage_get(ctx, hdr->nbytes, 1, &oom);
+            if (r->sbuf == NULL) {
+                r->status = XCCL_ERR_NO_MEMORY;
+            } else if (ctx->tp[slot].rcache != NULL &&
+                       xccl_rcache_get(ctx->tp[slot].rcache, r->sbuf->p, r->sbuf->cap,
+                                       XCCL_MEM_HOST, &r->reg, &dst->mr) < 0) {
+                stage_put(ctx, r->sbuf);
+                r->sbuf   = NULL;
+                r->status = XCCL_ERR_NOT_SUPPORTED;
+            } else {
+                ctx->stage_recvs++;
+                dst->ptr = r->sbuf->p;
+                dst->mem = XCCL_MEM_HOST;
+            }
+        } else if (hdr->nbytes > 0 && slot >= 0 &&
                    !(ctx->tp[slot].ops->caps & xccl_tp_cap_for(r->mem))) {
             r->status = XCCL_ERR_NOT_SUPPORTED;
         } else if (hdr->nbytes > 0 && slot >= 0 && ctx->tp[slot].rcache != NULL &&
@@ -956,7 +1131,11 @@ static xccl_status_t up_recv_match(void *core, int peer, const xccl_msg_hdr_t *h
             r->status = XCCL_ERR_NOT_SUPPORTED;
         } else {
             dst->ptr = r->buf;
-            dst->mem = r->mem;
+            /* no bytes: nothing in the buffer's memory type for a transport that lacks it */
+            dst->mem = hdr->nbytes == 0 && slot >= 0 &&
+                               !(ctx->tp[slot].ops->caps & xccl_tp_cap_for(r->mem))
+                           ? XCCL_MEM_HOST
+                           : r->mem;
         }
         *cookie = r;
         return XCCL_OK;
@@ -1012,6 +1191,44 @@ stage:
     return XCCL_OK;
 }
 
+/* A staged receive's message is in its bounce buffer (st: how the transport finished): the
+ * executor of the receive's memory type copies it out, and the request completes when that
+ * copy has (copies_progress) - the bounce buffer returns to the pool only then. */
+static void stage_recv_copy(xccl_ctx_t *ctx, xccl_req_t *r, xccl_status_t st)
+{
+    const xccl_exec_ops_t *ex = xccl_exec_for(r->mem);
+    void                  *ev = NULL;
+
+    if (r->reg != NULL) { /* the transport let go of the bounce buffer */
+        xccl_rcache_put(ctx->tp[r->tp].rcache, r->reg);
+        r->reg = NULL;
+    }
+    if (st == XCCL_OK && ex == NULL)
+        st = XCCL_ERROR(XCCL_ERR_NOT_SUPPORTED,
+                        "receive from rank %d into %s memory: no executor for that memory "
+                        "type in this process",
+                        r->src, xccl_mem_type_name(r->mem));
+    if (st == XCCL_OK && r->received > 0) {
+        st = ex->copy(r->buf, r->sbuf->p, r->received, &ev);
+        if (st == XCCL_INPROGRESS) {
+            r->ev       = ev;
+            r->tp       = -1;
+            r->next     = ctx->copies;
+            ctx->copies = r;
+            return;
+        }
+        if (st < 0)
+            st = XCCL_ERROR(st,
+                            "receive of %zu bytes from rank %d into %s memory: the copy out "
+                            "of the host staging buffer failed (%s)",
+                            r->received, r->src, xccl_mem_type_name(r->mem),
+                            xccl_status_string(st));
+    }
+    stage_put(ctx, r->sbuf);
+    r->sbuf = NULL;
+    req_complete(ctx, r, st);
+}
+
 static void up_recv_done(void *core, void *cookie, xccl_status_t st)
 {
     xccl_ctx_t *ctx = ((tp_core_t *)core)->ctx;
@@ -1030,6 +1247,15 @@ static void up_recv_done(void *core, void *cookie, xccl_status_t st)
                             "cannot deliver into that memory type",
                             r->received, r->src, xccl_mem_type_name(r->mem),
                             ctx->tp[r->tp].ops->name);
+        } else if (r->status == XCCL_ERR_NO_MEMORY && st == XCCL_OK) {
+            st = XCCL_ERROR(XCCL_ERR_NO_MEMORY,
+                            "receive of %zu bytes from rank %d into %s memory: no host memory "
+                            "for its staging buffer",
+                            r->received, r->src, xccl_mem_type_name(r->mem));
+        }
+        if (r->sbuf != NULL) {
+            stage_recv_copy(ctx, r, st);
+            return;
         }
         req_complete(ctx, r, st);
         return;
@@ -1119,11 +1345,163 @@ static const xccl_tp_upcalls_t *ctx_upcalls(xccl_ctx_t *ctx, int k)
 /* Posting                                                                                     */
 /* ------------------------------------------------------------------------------------------ */
 
+/* Hands send r (active, held) to the transport in `slot`: the bytes at ptr, of memory type
+ * mem (reg_len: the span a registering transport registers). On failure the request is as
+ * before (the caller completes or fails it). */
+static xccl_status_t tp_send(xccl_ctx_t *ctx, xccl_req_t *r, int slot, void *ptr,
+                             xccl_mem_type_t mem, size_t reg_len)
+{
+    xccl_msg_hdr_t hdr = {.comm_id = r->comm_id, .tag = r->tag, .fp = r->fp, .nbytes = r->nbytes};
+    xccl_tp_buf_t  buf = {.ptr = ptr, .mem = mem, .mr = NULL};
+    tp_slot_t     *tp  = &ctx->tp[slot];
+    xccl_status_t  st;
+
+    if (tp->rcache != NULL && r->nbytes > 0)
+        XCCL_CHECK(xccl_rcache_get(tp->rcache, ptr, reg_len, mem, &r->reg, &buf.mr));
+    r->tp = slot;
+    st    = tp->ops->isend(tp->ctx, r->peer, &hdr, &buf, r);
+    if (st < 0) {
+        r->tp = -1;
+        if (r->reg != NULL) {
+            xccl_rcache_put(tp->rcache, r->reg);
+            r->reg = NULL;
+        }
+    }
+    return st;
+}
+
+static void stage_unlink(xccl_ctx_t *ctx, xccl_req_t *r, xccl_req_t *prev)
+{
+    if (prev != NULL) prev->next = r->next;
+    else ctx->stage_head = r->next;
+    if (ctx->stage_tail == r) ctx->stage_tail = prev;
+    r->next       = NULL;
+    r->on_stage_q = 0;
+    ctx->stage_pending[r->peer]--;
+}
+
+/* Moves the queued sends on: bounce buffers taken in posting order, executor copies issued and
+ * tested, and each send handed to its transport once it is ready and every earlier one to the
+ * same peer has left. Returns events handled (plus one while an executor copy runs: its
+ * completion cannot wake a transport's wait, so the caller must keep polling). */
+static int stage_progress(xccl_ctx_t *ctx)
+{
+    int64_t pass   = ++ctx->stage_pass;
+    int     events = 0, pool_wait = 0, copying = 0;
+
+    for (xccl_req_t *r = ctx->stage_head, *prev = NULL, *next; r != NULL; r = next) {
+        const xccl_exec_ops_t *ex   = xccl_exec_for(r->mem);
+        int                    peer = r->peer;
+        xccl_status_t          st   = XCCL_OK;
+
+        next = r->next;
+        if (r->ev != NULL) { /* its copy into the bounce buffer runs */
+            st = ex->test(r->ev);
+            if (st == XCCL_INPROGRESS) {
+                copying = 1;
+                goto held;
+            }
+            r->ev = NULL;
+            if (st < 0) goto copy_failed;
+            r->copied = 1;
+        }
+        if (r->stage_cancel < 0) {
+            st = r->stage_cancel;
+            goto fail;
+        }
+        if (ctx->peer_dead[peer] != NULL) {
+            st = XCCL_ERROR(XCCL_ERR_REMOTE, "cannot send to rank %d: %s", peer,
+                            ctx->peer_dead[peer]);
+            goto fail;
+        }
+        if (r->staged && r->sbuf == NULL) {
+            int oom;
+            if (pool_wait) goto held; /* an earlier send waits for the pool: it goes first */
+            r->sbuf = stage_get(ctx, r->nbytes, 0, &oom);
+            if (r->sbuf == NULL && oom) {
+                st = XCCL_ERROR(XCCL_ERR_NO_MEMORY,
+                                "send of %zu bytes of %s memory to rank %d: no host memory for "
+                                "its staging buffer",
+                                r->nbytes, xccl_mem_type_name(r->mem), peer);
+                goto fail;
+            }
+            if (r->sbuf == NULL) {
+                pool_wait = 1;
+                goto held;
+            }
+        }
+        if (r->staged && !r->copied) {
+            void *ev = NULL;
+            if (ex == NULL) {
+                st = XCCL_ERR_NOT_SUPPORTED;
+                goto copy_failed;
+            }
+            st = ex->copy(r->sbuf->p, r->buf, r->nbytes, &ev);
+            if (st == XCCL_INPROGRESS) {
+                r->ev   = ev;
+                copying = 1;
+                goto held;
+            }
+            if (st < 0) goto copy_failed;
+            r->copied = 1;
+        }
+        if (ctx->stage_mark[peer] == pass) goto held; /* an earlier one to peer waits */
+        stage_unlink(ctx, r, prev);
+        if (r->staged) st = tp_send(ctx, r, ctx->peer_tp[peer], r->sbuf->p, XCCL_MEM_HOST,
+                                    r->sbuf->cap);
+        else {
+            int slot = ctx->peer_tp_mem[r->mem * ctx->size + peer];
+            if (slot < 0) slot = ctx->peer_tp[peer]; /* no bytes: no memory type to move */
+            st       = tp_send(ctx, r, slot, r->buf,
+                               (ctx->tp[slot].ops->caps & xccl_tp_cap_for(r->mem)) ? r->mem
+                                                                                  : XCCL_MEM_HOST,
+                               r->nbytes);
+        }
+        events++;
+        if (st < 0) goto failed_unlinked;
+        continue;
+    held:
+        ctx->stage_mark[peer] = pass;
+        prev                  = r;
+        continue;
+    copy_failed:
+        st = XCCL_ERROR(st,
+                        "send of %zu bytes of %s memory to rank %d: the copy into the host "
+                        "staging buffer failed (%s)",
+                        r->nbytes, xccl_mem_type_name(r->mem), peer, xccl_status_string(st));
+    fail:
+        stage_unlink(ctx, r, prev);
+        events++;
+    failed_unlinked:
+        if (r->sbuf != NULL) {
+            stage_put(ctx, r->sbuf);
+            r->sbuf = NULL;
+        }
+        req_complete(ctx, r, st);
+    }
+    return events + copying;
+}
+
+/* Context teardown: the executor copies still running finish before their buffers go. */
+static void stage_drain(xccl_ctx_t *ctx)
+{
+    for (xccl_req_t *r = ctx->stage_head; r != NULL; r = r->next) {
+        const xccl_exec_ops_t *ex = xccl_exec_for(r->mem);
+        while (r->ev != NULL && ex != NULL && ex->test(r->ev) == XCCL_INPROGRESS) {
+        }
+        r->ev = NULL;
+    }
+    for (xccl_req_t *r = ctx->copies; r != NULL; r = r->next) {
+        const xccl_exec_ops_t *ex = xccl_exec_for(r->mem);
+        while (r->ev != NULL && ex != NULL && ex->test(r->ev) == XCCL_INPROGRESS) {
+        }
+        r->ev = NULL;
+    }
+}
+
 xccl_status_t xccl_req_post_send(xccl_ctx_t *ctx, xccl_req_t *r)
 {
     xccl_msg_hdr_t hdr = {.comm_id = r->comm_id, .tag = r->tag, .fp = r->fp, .nbytes = r->nbytes};
-    xccl_tp_buf_t  buf = {.ptr = r->buf, .mem = r->mem, .mr = NULL};
-    tp_slot_t     *tp;
     int            slot;
     xccl_status_t  st;
 
@@ -1161,25 +1539,47 @@ xccl_status_t xccl_req_post_send(xccl_ctx_t *ctx, xccl_req_t *r)
                           ctx->peer_dead[r->peer]);
     }
     slot = r->mem < XCCL_MEM_TYPES ? ctx->peer_tp_mem[r->mem * ctx->size + r->peer] : -1;
-    if (slot < 0)
+    if (slot < 0 && r->nbytes == 0 && r->mem < XCCL_MEM_TYPES)
+        slot = ctx->peer_tp[r->peer]; /* no data: nothing to stage */
+    if (slot < 0 && r->mem < XCCL_MEM_TYPES && ctx->peer_tp[r->peer] >= 0 &&
+        xccl_exec_for(r->mem) == NULL)
+        return XCCL_ERROR(XCCL_ERR_NOT_SUPPORTED,
+                          "cannot send %s memory to rank %d (world): no transport between "
+                          "these ranks moves that memory type, and this process has no "
+                          "executor to stage it through host memory",
+                          xccl_mem_type_name(r->mem), r->peer);
+    if (slot < 0 && (r->mem >= XCCL_MEM_TYPES || ctx->peer_tp[r->peer] < 0))
         return XCCL_ERROR(XCCL_ERR_NOT_SUPPORTED,
                           "cannot send %s memory to rank %d (world): no transport between "
                           "these ranks moves that memory type",
                           xccl_mem_type_name(r->mem), r->peer);
-    tp = &ctx->tp[slot];
-    if (tp->rcache != NULL && r->nbytes > 0)
-        XCCL_CHECK(xccl_rcache_get(tp->rcache, r->buf, r->nbytes, r->mem, &r->reg, &buf.mr));
-    r->tp    = slot;
+    if (slot < 0 || ctx->stage_pending[r->peer] > 0) {
+        /* staged through a host bounce buffer, or behind a staged send to the same peer
+         * (messages leave in posting order): the progress pass moves it on */
+        r->staged     = slot < 0;
+        r->copied     = 0;
+        r->sbuf       = NULL;
+        r->ev         = NULL;
+        r->stage_cancel = XCCL_OK;
+        r->on_stage_q = 1;
+        r->state      = REQ_ACTIVE;
+        req_hold(r);
+        r->next = NULL;
+        if (ctx->stage_tail) ctx->stage_tail->next = r;
+        else ctx->stage_head = r;
+        ctx->stage_tail = r;
+        ctx->stage_pending[r->peer]++;
+        if (r->staged) ctx->stage_sends++;
+        return XCCL_OK;
+    }
     r->state = REQ_ACTIVE;
     req_hold(r);
-    st = tp->ops->isend(tp->ctx, r->peer, &hdr, &buf, r);
+    st = tp_send(ctx, r, slot, r->buf,
+                 (ctx->tp[slot].ops->caps & xccl_tp_cap_for(r->mem)) ? r->mem : XCCL_MEM_HOST,
+                 r->nbytes);
     if (st < 0) {
         r->state  = REQ_DONE;
         r->status = st;
-        if (r->reg != NULL) {
-            xccl_rcache_put(tp->rcache, r->reg);
-            r->reg = NULL;
-        }
         if (r->work) req_unhold(r);
     }
     return st;
@@ -1255,6 +1655,10 @@ void xccl_req_cancel(xccl_ctx_t *ctx, xccl_req_t *r, xccl_status_t st, const cha
         int        peer = xccl_req_world_peer(r); /* a transport holds it: matched */
         tp_slot_t *tp   = &ctx->tp[r->tp];
         if (tp->ops->close_peer != NULL) tp->ops->close_peer(tp->ctx, peer, why);
+    } else if (r->on_stage_q) {
+        /* a send being staged: fails in the next progress pass, once an executor copy it
+         * started has finished with the bounce buffer */
+        r->stage_cancel = st < 0 ? st : XCCL_ERR_TIMEOUT;
     }
 }
 
@@ -1279,7 +1683,8 @@ int xccl_ctx_progress_locked(xccl_ctx_t *ctx)
         (void)ctx->tp[i].ops->progress(ctx->tp[i].ctx, &k);
         events += k;
     }
-    if (ctx->copies != NULL) events += copies_progress(ctx);
+    if (ctx->copies != NULL) events += copies_progress(ctx) + (ctx->copies != NULL);
+    if (ctx->stage_head != NULL) events += stage_progress(ctx);
     ctx->cursors = &cur;
     while ((w = cur.w) != NULL) {
         cur.w = w->next;

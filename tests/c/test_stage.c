@@ -1,0 +1,622 @@
+/* SPDX-License-Identifier: Apache-2.0
+ *
+ * test_stage.c - device memory staged through host bounce buffers (ctx.c, "Staging"), end to
+ * end: forked ranks over transports that move host memory only, with the fake asynchronous
+ * executor of fake_dev.h installed for XCCL_MEM_CUDA and its memory kept PROT_NONE except while
+ * the test fills or checks it (or the executor runs): a transport or the core touching device
+ * memory crashes the rank (or gets EFAULT from the kernel), which fails the test.
+ *   - over "tcp": point-to-point of device buffers (0, 1, small, odd and several-MiB sizes) in
+ *     a ring, device to host and host to device, messages that arrive before their receive is
+ *     posted, any-source receives, allreduce and allgather with opts.mem = XCCL_MEM_CUDA for
+ *     every applicable algorithm; a small pool ($XCCL_STAGE_BYTES) with sends and receives
+ *     both ways in flight at once and a message larger than the pool; a failing executor copy
+ *     fails the send with a named error and the communicator stays usable.
+ *   - over "regtcp" (tcp wrapped to need registration, counting registrations and checking that
+ *     every buffer it is handed is registered host memory): the bounce buffers are registered
+ *     once across many operations.
+ * Every result is compared with values computed independently from the rank and index.
+ */
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "algo/algo.h"
+#include "core/core.h"
+#include "ctest.h"
+#include "fake_dev.h"
+#include "tp_wrap.h"
+#include "xccl/xccl.h"
+#include "xccl/xccl_transport.h"
+
+/* ---- regtcp: tcp that needs registration ------------------------------------------------- */
+
+enum { RG_MAX = 4096 };
+
+struct xccl_tp_ctx {
+    tpw_t w;
+};
+
+static struct {
+    pthread_mutex_t lock;
+    uintptr_t       start[RG_MAX], end[RG_MAX];
+    int             live[RG_MAX];
+    int             n;
+    _Atomic long    regs, big, bad; /* big: of 64 KiB and more (bounce buffers, not barrier bytes) */
+} rg = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+/* Whether [p, p + n) lies in a live registration `mr` (an index + 1). */
+static int rg_covered(const void *mr, const void *p, size_t n)
+{
+    intptr_t k = (intptr_t)mr - 1;
+    int      ok;
+
+    if (n == 0) return 1;
+    pthread_mutex_lock(&rg.lock);
+    ok = mr != NULL && k >= 0 && k < rg.n && rg.live[k] && (uintptr_t)p >= rg.start[k] &&
+         (uintptr_t)p + n <= rg.end[k];
+    pthread_mutex_unlock(&rg.lock);
+    return ok;
+}
+
+static xccl_status_t r_mem_reg(xccl_tp_ctx_t *c, void *ptr, size_t nbytes, xccl_mem_type_t mem,
+                               void **mr)
+{
+    (void)c;
+    if (mem != XCCL_MEM_HOST) {
+        rg.bad++;
+        return XCCL_ERR_NOT_SUPPORTED;
+    }
+    pthread_mutex_lock(&rg.lock);
+    if (rg.n == RG_MAX) {
+        pthread_mutex_unlock(&rg.lock);
+        return XCCL_ERR_NO_MEMORY;
+    }
+    rg.start[rg.n] = (uintptr_t)ptr;
+    rg.end[rg.n]   = (uintptr_t)ptr + nbytes;
+    rg.live[rg.n]  = 1;
+    *mr            = (void *)(intptr_t)(++rg.n);
+    pthread_mutex_unlock(&rg.lock);
+    rg.regs++;
+    if (nbytes >= (64u << 10)) rg.big++;
+    return XCCL_OK;
+}
+
+static void r_mem_dereg(xccl_tp_ctx_t *c, void *mr)
+{
+    (void)c;
+    pthread_mutex_lock(&rg.lock);
+    rg.live[(intptr_t)mr - 1] = 0;
+    pthread_mutex_unlock(&rg.lock);
+}
+
+static xccl_status_t r_recv_match(void *core, int peer, const xccl_msg_hdr_t *hdr,
+                                  xccl_tp_buf_t *dst, void **cookie)
+{
+    xccl_status_t st = tpw_up_recv_match(core, peer, hdr, dst, cookie);
+
+    if (st == XCCL_OK && dst->ptr != NULL &&
+        (dst->mem != XCCL_MEM_HOST || !rg_covered(dst->mr, dst->ptr, hdr->nbytes))) {
+        fprintf(stderr, "regtcp: receive into memory type %d mr %p ptr %p n %llu\n", dst->mem, dst->mr, dst->ptr, (unsigned long long)hdr->nbytes);
+        rg.bad++;
+    }
+    return st;
+}
+
+static xccl_status_t r_init(const xccl_tp_init_params_t *params, xccl_tp_ctx_t **out)
+{
+    static const xccl_tp_upcalls_t shim = {.recv_match = r_recv_match};
+
+    return tpw_init(params, out, sizeof(xccl_tp_ctx_t), "tcp", &shim);
+}
+
+static xccl_status_t r_isend(xccl_tp_ctx_t *c, int peer, const xccl_msg_hdr_t *hdr,
+                             const xccl_tp_buf_t *buf, void *cookie)
+{
+    if (buf->mem != XCCL_MEM_HOST || !rg_covered(buf->mr, buf->ptr, hdr->nbytes)) {
+        fprintf(stderr, "regtcp: send from memory type %d mr %p ptr %p n %llu\n", buf->mem, buf->mr, buf->ptr, (unsigned long long)hdr->nbytes);
+        rg.bad++;
+    }
+    return tpw_isend(c, peer, hdr, buf, cookie);
+}
+
+static const xccl_transport_ops_t regtcp_ops = {
+    .abi_version = XCCL_TRANSPORT_ABI_VERSION,
+    .name        = "regtcp",
+    .caps        = XCCL_TP_CAP_HOST_MEM | XCCL_TP_CAP_NEEDS_REG,
+    .priority    = 1,
+    .init        = r_init,
+    .finalize    = tpw_finalize,
+    .reachable   = tpw_reachable,
+    .get_addr    = tpw_get_addr,
+    .wireup      = tpw_wireup,
+    .isend       = r_isend,
+    .progress    = tpw_progress,
+    .wait        = tpw_wait,
+    .wake        = tpw_wake,
+    .close_peer  = tpw_close_peer,
+    .mem_reg     = r_mem_reg,
+    .mem_dereg   = r_mem_dereg,
+};
+
+/* ---- helpers -------------------------------------------------------------------------------- */
+
+static char store_path[256];
+static int  store_gen;
+
+/* fake_dev is not thread-safe and its executor runs under the context's lock, on the progress
+ * thread too: the test's own use of it (allocating, opening mappings to fill or check them)
+ * takes that lock, so that an executor copy never finds the mappings closed under it. */
+static pthread_mutex_t *dev_lock;
+
+static void dlock(void)
+{
+    if (dev_lock) pthread_mutex_lock(dev_lock);
+}
+
+static void dunlock(void)
+{
+    if (dev_lock) pthread_mutex_unlock(dev_lock);
+}
+
+static void *dalloc(size_t n)
+{
+    void *p;
+
+    dlock();
+    p = fdev_alloc(n);
+    dunlock();
+    return p;
+}
+
+static void dfree(void *p)
+{
+    dlock();
+    fdev_free(p);
+    dunlock();
+}
+
+static xccl_comm_t *comm_new(int rank, int size, const char *tps)
+{
+    char path[300];
+
+    xccl_comm_t *c;
+
+    snprintf(path, sizeof(path), "%s-%d", store_path, store_gen++);
+    c        = ctest_file_comm(path, rank, size, 30000, "stage", tps);
+    dev_lock = c != NULL ? &c->ctx->lock : NULL;
+    return c;
+}
+
+/* The byte at index i of the message rank `src` sends with `salt`. */
+static uint8_t pat(int src, size_t i, int salt)
+{
+    return (uint8_t)(src * 53 + salt * 17 + (int)(i % 251) + (int)(i / 251) * 7 + 1);
+}
+
+static void fill(void *p, size_t n, int src, int salt)
+{
+    dlock();
+    fdev_open(1);
+    for (size_t i = 0; i < n; i++) ((uint8_t *)p)[i] = pat(src, i, salt);
+    fdev_open(0);
+    dunlock();
+}
+
+/* Checks n bytes at p against the pattern; the rest of the buffer (to cap) is untouched (0xA5
+ * after fdev_alloc, or `untouched`). Returns 0 when they match. */
+static int check(const void *p, size_t n, size_t cap, int src, int salt, const char *what)
+{
+    int bad = -1;
+
+    dlock();
+    fdev_open(1);
+    for (size_t i = 0; i < n && bad < 0; i++)
+        if (((const uint8_t *)p)[i] != pat(src, i, salt)) bad = (int)i;
+    for (size_t i = n; i < cap && bad < 0; i++)
+        if (((const uint8_t *)p)[i] != 0xA5) bad = (int)i;
+    fdev_open(0);
+    dunlock();
+    CHECK_MSG(bad < 0, "%s: byte %d of %zu wrong", what, bad, n);
+    return bad < 0 ? 0 : -1;
+}
+
+static void *host_alloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (p) memset(p, 0xA5, n);
+    return p;
+}
+
+static xccl_status_t wait_ok(xccl_work_t *w, const char *what)
+{
+    xccl_status_t st = xccl_work_wait(w, -1);
+
+    CHECK_MSG(st == XCCL_OK, "%s: %s", what, xccl_work_error(w));
+    return st;
+}
+
+static xccl_status_t post(xccl_comm_t *c, int send, void *buf, size_t n, int peer, uint32_t tag,
+                          xccl_mem_type_t mem, xccl_work_t **w)
+{
+    xccl_status_t st = xccl_p2p_post_mem(c, send, buf, n, peer, tag, mem, w);
+
+    CHECK_MSG(st == XCCL_OK, "post: %s", xccl_last_error());
+    return st;
+}
+
+/* A host-memory barrier between tests (its own tag range). */
+static void sync_all(xccl_comm_t *c)
+{
+    xccl_work_t *w = NULL;
+
+    CHECK(xccl_barrier(c, NULL, &w) == XCCL_OK && wait_ok(w, "barrier") == XCCL_OK);
+    if (w) xccl_work_release(w);
+}
+
+static uint64_t ctx_stat(xccl_comm_t *c, int which)
+{
+    xccl_ctx_t *ctx = c->ctx;
+    uint64_t    v;
+
+    pthread_mutex_lock(&ctx->lock);
+    v = which == 0 ? ctx->stage_allocs : which == 1 ? ctx->stage_sends : ctx->stage_recvs;
+    pthread_mutex_unlock(&ctx->lock);
+    return v;
+}
+
+/* ---- tests ---------------------------------------------------------------------------------- */
+
+static const size_t sizes[] = {0, 1, 7, 4096, 65537, (3u << 20) + 13};
+enum { NSIZES = sizeof(sizes) / sizeof(sizes[0]) };
+
+/* Ring: each rank sends to the next and receives from the previous; memory types of the send
+ * and receive buffers given (at least one of them device memory). */
+static void test_ring(xccl_comm_t *c, xccl_mem_type_t smem, xccl_mem_type_t rmem, int salt)
+{
+    int rank = xccl_comm_rank(c), size = xccl_comm_size(c);
+    int to = (rank + 1) % size, from = (rank + size - 1) % size;
+
+    for (int k = 0; k < NSIZES; k++) {
+        size_t       n  = sizes[k], cap = n + 5;
+        void        *s  = smem == XCCL_MEM_CUDA ? dalloc(n) : host_alloc(n);
+        void        *r  = rmem == XCCL_MEM_CUDA ? dalloc(cap) : host_alloc(cap);
+        xccl_work_t *ws = NULL, *wr = NULL;
+        char         what[96];
+
+        snprintf(what, sizeof(what), "ring %s->%s n=%zu rank %d",
+                 smem == XCCL_MEM_CUDA ? "dev" : "host", rmem == XCCL_MEM_CUDA ? "dev" : "host",
+                 n, rank);
+        if (smem == XCCL_MEM_CUDA) fill(s, n, rank, salt + k);
+        else
+            for (size_t i = 0; i < n; i++) ((uint8_t *)s)[i] = pat(rank, i, salt + k);
+        if (post(c, 0, r, cap, from, 10 + (uint32_t)k, rmem, &wr) == XCCL_OK &&
+            post(c, 1, s, n, to, 10 + (uint32_t)k, smem, &ws) == XCCL_OK &&
+            wait_ok(ws, what) == XCCL_OK && wait_ok(wr, what) == XCCL_OK) {
+            CHECK_MSG(xccl_work_source(wr) == from, "%s: source %d", what, xccl_work_source(wr));
+            if (rmem == XCCL_MEM_CUDA) (void)check(r, n, cap, from, salt + k, what);
+            else {
+                int bad = 0;
+                for (size_t i = 0; i < n && !bad; i++) bad = ((uint8_t *)r)[i] != pat(from, i, salt + k);
+                CHECK_MSG(!bad, "%s: host receive wrong", what);
+            }
+        }
+        if (ws) xccl_work_release(ws);
+        if (wr) xccl_work_release(wr);
+        if (smem == XCCL_MEM_CUDA) dfree(s);
+        else free(s);
+        if (rmem == XCCL_MEM_CUDA) dfree(r);
+        else free(r);
+    }
+}
+
+/* Rank 0 sends every size to rank 1 and only then does rank 1 post its device receives: the
+ * messages arrive unexpected (staged as such, or held back in the transport a while). */
+static void test_unexpected(xccl_comm_t *c)
+{
+    int          rank = xccl_comm_rank(c);
+    void        *b[NSIZES];
+    xccl_work_t *w[NSIZES] = {0}, *g = NULL;
+    uint8_t      go        = 1;
+
+    if (rank > 1) return;
+    for (int k = 0; k < NSIZES; k++) {
+        b[k] = dalloc(sizes[k] + 3);
+        if (rank == 0) fill(b[k], sizes[k], 0, 40 + k);
+    }
+    if (rank == 0) {
+        for (int k = 0; k < NSIZES; k++) (void)post(c, 1, b[k], sizes[k], 1, 40, XCCL_MEM_CUDA, &w[k]);
+        for (int k = 0; k < NSIZES; k++)
+            if (w[k]) (void)wait_ok(w[k], "unexpected: send");
+        /* after the data on the same connection */
+        if (xccl_isend(c, &go, 1, 1, 49, &g) == XCCL_OK) (void)wait_ok(g, "unexpected: go");
+    } else {
+        if (xccl_irecv(c, &go, 1, 0, 49, &g) == XCCL_OK) (void)wait_ok(g, "unexpected: go");
+        for (int k = 0; k < NSIZES; k++)
+            (void)post(c, 0, b[k], sizes[k] + 3, 0, 40, XCCL_MEM_CUDA, &w[k]);
+        for (int k = 0; k < NSIZES; k++) {
+            char what[64];
+            snprintf(what, sizeof(what), "unexpected n=%zu", sizes[k]);
+            if (w[k] && wait_ok(w[k], what) == XCCL_OK)
+                (void)check(b[k], sizes[k], sizes[k] + 3, 0, 40 + k, what);
+        }
+    }
+    if (g) xccl_work_release(g);
+    for (int k = 0; k < NSIZES; k++) {
+        if (w[k]) xccl_work_release(w[k]);
+        dfree(b[k]);
+    }
+}
+
+/* Rank 0 posts size - 1 any-source device receives; each other rank sends a device buffer of
+ * its own size and content: each receive got one whole message, from the source it names. */
+static void test_any_source(xccl_comm_t *c)
+{
+    int          rank = xccl_comm_rank(c), size = xccl_comm_size(c);
+    size_t       cap  = (1u << 20) + 64;
+    xccl_work_t *w[64] = {0};
+    void        *b[64] = {0};
+    int          seen[64] = {0};
+
+    if (rank == 0) {
+        for (int q = 1; q < size; q++) {
+            b[q] = dalloc(cap);
+            (void)post(c, 0, b[q], cap, XCCL_ANY_SOURCE, 60, XCCL_MEM_CUDA, &w[q]);
+        }
+        for (int q = 1; q < size; q++) {
+            int src;
+            if (w[q] == NULL || wait_ok(w[q], "any-source") != XCCL_OK) continue;
+            src = xccl_work_source(w[q]);
+            CHECK_MSG(src >= 1 && src < size && !seen[src], "any-source: source %d", src);
+            if (src < 1 || src >= size || seen[src]) continue;
+            seen[src] = 1;
+            (void)check(b[q], (1u << 20) - (size_t)src * 1000, cap, src, 61, "any-source");
+        }
+    } else {
+        size_t n = (1u << 20) - (size_t)rank * 1000;
+        b[0]     = dalloc(n);
+        fill(b[0], n, rank, 61);
+        if (post(c, 1, b[0], n, 0, 60, XCCL_MEM_CUDA, &w[0]) == XCCL_OK)
+            (void)wait_ok(w[0], "any-source: send");
+    }
+    for (int q = 0; q < 64; q++) {
+        if (w[q]) xccl_work_release(w[q]);
+        if (b[q]) dfree(b[q]);
+    }
+}
+
+static float val(int r, size_t i) { return (float)((r + 1) * 100 + (int)(i % 97)); }
+
+/* allreduce (sum) and allgather on device buffers, every applicable algorithm. */
+static void test_colls(xccl_comm_t *c)
+{
+    static const size_t counts[] = {0, 1, 33, 5000, 300001};
+    static const xccl_coll_t colls[] = {XCCL_COLL_ALLREDUCE, XCCL_COLL_ALLGATHER};
+    int rank = xccl_comm_rank(c), size = xccl_comm_size(c);
+
+    for (size_t ci = 0; ci < sizeof(counts) / sizeof(counts[0]); ci++) {
+        for (int k = 0; k < 2; k++) {
+            const xccl_algo_t *const *algos = xccl_algo_list(colls[k]);
+            for (int ai = 0; algos[ai] != NULL; ai++) {
+                size_t           n = counts[ci], tot = n * (size_t)size;
+                xccl_coll_args_t probe = {.coll = colls[k], .count = n, .dtype = XCCL_FLOAT32,
+                                          .elsize = 4};
+                xccl_coll_opts_t opts = {.algo = algos[ai]->name, .mem = XCCL_MEM_CUDA};
+                float           *s, *r;
+                xccl_work_t     *w = NULL;
+                xccl_status_t    st;
+                char             what[128];
+                int              bad = -1;
+
+                if (algos[ai]->applicable && !algos[ai]->applicable(&probe, size)) continue;
+                snprintf(what, sizeof(what), "rank %d/%d %s/%s n=%zu", rank, size,
+                         xccl_coll_name(colls[k]), algos[ai]->name, n);
+                s = dalloc((tot + 1) * 4);
+                r = dalloc((tot + 1) * 4);
+                dlock();
+                fdev_open(1);
+                for (size_t i = 0; i < n; i++) s[i] = val(rank, i);
+                for (size_t i = 0; i < tot; i++) r[i] = -7;
+                fdev_open(0);
+                dunlock();
+                st = colls[k] == XCCL_COLL_ALLREDUCE
+                         ? xccl_allreduce(c, s, r, n, XCCL_FLOAT32, XCCL_OP_SUM, &opts, &w)
+                         : xccl_allgather(c, s, r, n, XCCL_FLOAT32, &opts, &w);
+                if (st == XCCL_OK) st = xccl_work_wait(w, -1);
+                CHECK_MSG(st == XCCL_OK, "%s: %s", what, w ? xccl_work_error(w) : xccl_last_error());
+                dlock();
+                fdev_open(1);
+                for (size_t i = 0; st == XCCL_OK && i < (k == 0 ? n : tot) && bad < 0; i++) {
+                    float want = 0;
+                    if (k == 0)
+                        for (int q = 0; q < size; q++) want += val(q, i);
+                    else want = val((int)(i / n), i % n);
+                    if (r[i] != want) bad = (int)i;
+                }
+                fdev_open(0);
+                dunlock();
+                CHECK_MSG(bad < 0, "%s: element %d wrong", what, bad);
+                if (w) xccl_work_release(w);
+                dfree(s);
+                dfree(r);
+            }
+        }
+    }
+}
+
+/* A failing executor copy fails the send with a named error; nothing reaches the peer and
+ * the communicator stays usable. */
+static xccl_status_t bad_copy(void *dst, const void *src, size_t n, void **ev)
+{
+    (void)dst, (void)src, (void)n;
+    *ev = NULL;
+    return XCCL_ERR_CUDA;
+}
+
+static void test_copy_failure(xccl_comm_t *c)
+{
+    xccl_exec_ops_t        bad = fdev_ops;
+    const xccl_exec_ops_t *old;
+    void                  *b   = dalloc(1000);
+    xccl_work_t           *w   = NULL;
+
+    if (xccl_comm_rank(c) == 0) {
+        bad.copy = bad_copy;
+        old      = xccl_exec_set_for_test(XCCL_MEM_CUDA, &bad);
+        if (post(c, 1, b, 1000, 1, 70, XCCL_MEM_CUDA, &w) == XCCL_OK) {
+            xccl_status_t st = xccl_work_wait(w, -1);
+            CHECK_MSG(st == XCCL_ERR_CUDA, "copy failure: %s", xccl_status_string(st));
+            CHECK_MSG(strstr(xccl_work_error(w), "copy into the host staging buffer failed") &&
+                          strstr(xccl_work_error(w), "rank 1"),
+                      "copy failure: '%s'", xccl_work_error(w));
+            xccl_work_release(w);
+        }
+        xccl_exec_set_for_test(XCCL_MEM_CUDA, old);
+    }
+    dfree(b);
+}
+
+/* Both directions at once with a pool smaller than what is in flight, plus a message larger
+ * than the pool: no deadlock, right data. */
+static void test_small_pool(xccl_comm_t *c)
+{
+    int          rank = xccl_comm_rank(c), peer = 1 - rank;
+    enum { N = 6 };
+    size_t       n[N + 1];
+    void        *s[N + 1], *r[N + 1];
+    xccl_work_t *ws[N + 1] = {0}, *wr[N + 1] = {0};
+
+    if (rank > 1) return;
+    for (int k = 0; k <= N; k++) {
+        n[k] = k == N ? (1u << 20) + 3 : 200000 + (size_t)k * 11; /* pool: 256 KiB */
+        s[k] = dalloc(n[k]);
+        r[k] = dalloc(n[k]);
+        fill(s[k], n[k], rank, 80 + k);
+    }
+    for (int k = 0; k <= N; k++) {
+        (void)post(c, 1, s[k], n[k], peer, 80, XCCL_MEM_CUDA, &ws[k]);
+        (void)post(c, 0, r[k], n[k], peer, 80, XCCL_MEM_CUDA, &wr[k]);
+    }
+    for (int k = 0; k <= N; k++) {
+        char what[64];
+        snprintf(what, sizeof(what), "small pool #%d rank %d", k, rank);
+        if (ws[k]) (void)wait_ok(ws[k], what);
+        if (wr[k] && wait_ok(wr[k], what) == XCCL_OK) (void)check(r[k], n[k], n[k], peer, 80 + k, what);
+    }
+    for (int k = 0; k <= N; k++) {
+        if (ws[k]) xccl_work_release(ws[k]);
+        if (wr[k]) xccl_work_release(wr[k]);
+        dfree(s[k]);
+        dfree(r[k]);
+    }
+}
+
+/* Many exchanges of a 1 MiB device buffer over regtcp, each receive posted before the peer
+ * sends (a barrier between): after the first round, no new registration of a large buffer and
+ * no new bounce buffer - the pool's buffers hit the registration cache every time. */
+static void test_registered_once(xccl_comm_t *c)
+{
+    int      rank = xccl_comm_rank(c), size = xccl_comm_size(c);
+    size_t   n    = 1u << 20;
+    void    *s    = dalloc(n), *r = dalloc(n);
+    uint64_t recvs0 = 0;
+
+    for (int it = 0; it < 12; it++) {
+        int          to = (rank + 1) % size, from = (rank + size - 1) % size;
+        xccl_work_t *ws = NULL, *wr = NULL;
+        fill(s, n, rank, 90 + it);
+        if (post(c, 0, r, n, from, 90, XCCL_MEM_CUDA, &wr) == XCCL_OK) {
+            sync_all(c);
+            if (post(c, 1, s, n, to, 90, XCCL_MEM_CUDA, &ws) == XCCL_OK &&
+                wait_ok(ws, "reg once") == XCCL_OK && wait_ok(wr, "reg once") == XCCL_OK)
+                (void)check(r, n, n, from, 90 + it, "reg once");
+        }
+        if (ws) xccl_work_release(ws);
+        if (wr) xccl_work_release(wr);
+        if (it == 1) recvs0 = ctx_stat(c, 2);
+    }
+    /* a send and a receive in flight at once need two buffers, one after the other only one
+     * (timing): at most two bounce buffers over the twelve rounds, each registered once (the
+     * device buffers never are: regtcp refuses device memory) */
+    CHECK_MSG(ctx_stat(c, 0) >= 1 && ctx_stat(c, 0) <= 2 && rg.big == (long)ctx_stat(c, 0),
+              "%llu bounce buffers, %ld registrations of 64 KiB or more",
+              (unsigned long long)ctx_stat(c, 0), (long)rg.big);
+    CHECK_MSG(ctx_stat(c, 2) == recvs0 + 10, "staged receives %llu -> %llu",
+              (unsigned long long)recvs0, (unsigned long long)ctx_stat(c, 2));
+    dfree(s);
+    dfree(r);
+}
+
+static int child(int rank, int size, void *unused)
+{
+    xccl_comm_t *c;
+
+    (void)unused;
+    CHECK(xccl_exec_set_for_test(XCCL_MEM_CUDA, &fdev_ops) == NULL);
+    fdev.rng = 1 + (uint64_t)rank;
+    c        = comm_new(rank, size, "tcp");
+    if (c == NULL) return 2;
+    test_ring(c, XCCL_MEM_CUDA, XCCL_MEM_CUDA, 0);
+    test_ring(c, XCCL_MEM_CUDA, XCCL_MEM_HOST, 1);
+    test_ring(c, XCCL_MEM_HOST, XCCL_MEM_CUDA, 2);
+    sync_all(c);
+    test_unexpected(c);
+    sync_all(c);
+    test_any_source(c);
+    sync_all(c);
+    test_colls(c);
+    sync_all(c);
+    test_copy_failure(c);
+    sync_all(c);
+    test_ring(c, XCCL_MEM_CUDA, XCCL_MEM_CUDA, 3); /* still usable */
+    CHECK_MSG(ctx_stat(c, 1) > 0 && ctx_stat(c, 2) > 0, "staged sends %llu, receives %llu",
+              (unsigned long long)ctx_stat(c, 1), (unsigned long long)ctx_stat(c, 2));
+    xccl_comm_destroy(c);
+    dev_lock = NULL;
+
+    setenv("XCCL_STAGE_BYTES", "262144", 1);
+    c = comm_new(rank, size, "tcp");
+    unsetenv("XCCL_STAGE_BYTES");
+    if (c == NULL) return 2;
+    test_small_pool(c);
+    sync_all(c);
+    xccl_comm_destroy(c);
+    dev_lock = NULL;
+
+    c = comm_new(rank, size, "regtcp");
+    if (c == NULL) return 2;
+    test_registered_once(c);
+    test_ring(c, XCCL_MEM_CUDA, XCCL_MEM_CUDA, 4);
+    sync_all(c);
+    xccl_comm_destroy(c);
+    dev_lock = NULL;
+    CHECK_MSG(rg.bad == 0, "regtcp saw %ld unregistered or device buffers", (long)rg.bad);
+    CHECK_MSG(fdev.live == 0, "executor events not released: %zu", fdev.live);
+    return ctest_failures != 0;
+}
+
+int main(void)
+{
+    static const int nranks[] = {2, 3};
+    int              failed   = 0;
+
+    if (xccl_transport_register(&regtcp_ops) != XCCL_OK) {
+        fprintf(stderr, "registering regtcp: %s\n", xccl_last_error());
+        return 1;
+    }
+    for (size_t k = 0; k < sizeof(nranks) / sizeof(nranks[0]); k++) {
+        snprintf(store_path, sizeof(store_path), "/tmp/xccl-test-stage-%d-%d", (int)getpid(),
+                 nranks[k]);
+        store_gen = 0;
+        failed += ctest_fork_ranks("test_stage", nranks[k], child, NULL);
+        for (int g = 0; g < 3; g++) {
+            char path[300];
+            snprintf(path, sizeof(path), "%s-%d", store_path, g);
+            unlink(path);
+        }
+    }
+    ctest_checks++;
+    if (failed) ctest_failures++;
+    CTEST_MAIN_END("test_stage");
+}
