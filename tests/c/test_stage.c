@@ -10,7 +10,10 @@
  *     posted, any-source receives, allreduce and allgather with opts.mem = XCCL_MEM_CUDA for
  *     every applicable algorithm; a small pool ($XCCL_STAGE_BYTES) with sends and receives
  *     both ways in flight at once and a message larger than the pool; a failing executor copy
- *     fails the send with a named error and the communicator stays usable.
+ *     fails the send with a named error and the communicator stays usable; a send whose copy
+ *     into its bounce buffer does not finish times out (named), and its buffer returns to the
+ *     pool only once the copy has finished; a peer leaving while the copy runs fails the send
+ *     naming it.
  *   - over "regtcp" (tcp wrapped to need registration, counting registrations and checking that
  *     every buffer it is handed is registered host memory): the bounce buffers are registered
  *     once across many operations.
@@ -43,7 +46,7 @@ static struct {
     uintptr_t       start[RG_MAX], end[RG_MAX];
     int             live[RG_MAX];
     int             n;
-    _Atomic long    regs, big, bad; /* big: of 64 KiB and more (bounce buffers, not barrier bytes) */
+    _Atomic long regs, big, bad; /* big: of 64 KiB and more (bounce buffers, not barrier bytes) */
 } rg = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 /* Whether [p, p + n) lies in a live registration `mr` (an index + 1). */
@@ -98,7 +101,8 @@ static xccl_status_t r_recv_match(void *core, int peer, const xccl_msg_hdr_t *hd
 
     if (st == XCCL_OK && dst->ptr != NULL &&
         (dst->mem != XCCL_MEM_HOST || !rg_covered(dst->mr, dst->ptr, hdr->nbytes))) {
-        fprintf(stderr, "regtcp: receive into memory type %d mr %p ptr %p n %llu\n", dst->mem, dst->mr, dst->ptr, (unsigned long long)hdr->nbytes);
+        fprintf(stderr, "regtcp: receive into memory type %d mr %p ptr %p n %llu\n", dst->mem,
+                dst->mr, dst->ptr, (unsigned long long)hdr->nbytes);
         rg.bad++;
     }
     return st;
@@ -115,7 +119,8 @@ static xccl_status_t r_isend(xccl_tp_ctx_t *c, int peer, const xccl_msg_hdr_t *h
                              const xccl_tp_buf_t *buf, void *cookie)
 {
     if (buf->mem != XCCL_MEM_HOST || !rg_covered(buf->mr, buf->ptr, hdr->nbytes)) {
-        fprintf(stderr, "regtcp: send from memory type %d mr %p ptr %p n %llu\n", buf->mem, buf->mr, buf->ptr, (unsigned long long)hdr->nbytes);
+        fprintf(stderr, "regtcp: send from memory type %d mr %p ptr %p n %llu\n", buf->mem, buf->mr,
+                buf->ptr, (unsigned long long)hdr->nbytes);
         rg.bad++;
     }
     return tpw_isend(c, peer, hdr, buf, cookie);
@@ -199,7 +204,8 @@ static void fill(void *p, size_t n, int src, int salt)
 {
     dlock();
     fdev_open(1);
-    for (size_t i = 0; i < n; i++) ((uint8_t *)p)[i] = pat(src, i, salt);
+    for (size_t i = 0; i < n; i++)
+        ((uint8_t *)p)[i] = pat(src, i, salt);
     fdev_open(0);
     dunlock();
 }
@@ -279,35 +285,43 @@ static void test_ring(xccl_comm_t *c, xccl_mem_type_t smem, xccl_mem_type_t rmem
     int to = (rank + 1) % size, from = (rank + size - 1) % size;
 
     for (int k = 0; k < NSIZES; k++) {
-        size_t       n  = sizes[k], cap = n + 5;
+        size_t       n = sizes[k], cap = n + 5;
         void        *s  = smem == XCCL_MEM_CUDA ? dalloc(n) : host_alloc(n);
         void        *r  = rmem == XCCL_MEM_CUDA ? dalloc(cap) : host_alloc(cap);
         xccl_work_t *ws = NULL, *wr = NULL;
         char         what[96];
 
         snprintf(what, sizeof(what), "ring %s->%s n=%zu rank %d",
-                 smem == XCCL_MEM_CUDA ? "dev" : "host", rmem == XCCL_MEM_CUDA ? "dev" : "host",
-                 n, rank);
-        if (smem == XCCL_MEM_CUDA) fill(s, n, rank, salt + k);
+                 smem == XCCL_MEM_CUDA ? "dev" : "host", rmem == XCCL_MEM_CUDA ? "dev" : "host", n,
+                 rank);
+        if (smem == XCCL_MEM_CUDA)
+            fill(s, n, rank, salt + k);
         else
-            for (size_t i = 0; i < n; i++) ((uint8_t *)s)[i] = pat(rank, i, salt + k);
+            for (size_t i = 0; i < n; i++)
+                ((uint8_t *)s)[i] = pat(rank, i, salt + k);
         if (post(c, 0, r, cap, from, 10 + (uint32_t)k, rmem, &wr) == XCCL_OK &&
             post(c, 1, s, n, to, 10 + (uint32_t)k, smem, &ws) == XCCL_OK &&
             wait_ok(ws, what) == XCCL_OK && wait_ok(wr, what) == XCCL_OK) {
             CHECK_MSG(xccl_work_source(wr) == from, "%s: source %d", what, xccl_work_source(wr));
-            if (rmem == XCCL_MEM_CUDA) (void)check(r, n, cap, from, salt + k, what);
+            if (rmem == XCCL_MEM_CUDA)
+                (void)check(r, n, cap, from, salt + k, what);
             else {
                 int bad = 0;
-                for (size_t i = 0; i < n && !bad; i++) bad = ((uint8_t *)r)[i] != pat(from, i, salt + k);
+                for (size_t i = 0; i < n && !bad; i++)
+                    bad = ((uint8_t *)r)[i] != pat(from, i, salt + k);
                 CHECK_MSG(!bad, "%s: host receive wrong", what);
             }
         }
         if (ws) xccl_work_release(ws);
         if (wr) xccl_work_release(wr);
-        if (smem == XCCL_MEM_CUDA) dfree(s);
-        else free(s);
-        if (rmem == XCCL_MEM_CUDA) dfree(r);
-        else free(r);
+        if (smem == XCCL_MEM_CUDA)
+            dfree(s);
+        else
+            free(s);
+        if (rmem == XCCL_MEM_CUDA)
+            dfree(r);
+        else
+            free(r);
     }
 }
 
@@ -318,7 +332,7 @@ static void test_unexpected(xccl_comm_t *c)
     int          rank = xccl_comm_rank(c);
     void        *b[NSIZES];
     xccl_work_t *w[NSIZES] = {0}, *g = NULL;
-    uint8_t      go        = 1;
+    uint8_t      go = 1;
 
     if (rank > 1) return;
     for (int k = 0; k < NSIZES; k++) {
@@ -326,7 +340,8 @@ static void test_unexpected(xccl_comm_t *c)
         if (rank == 0) fill(b[k], sizes[k], 0, 40 + k);
     }
     if (rank == 0) {
-        for (int k = 0; k < NSIZES; k++) (void)post(c, 1, b[k], sizes[k], 1, 40, XCCL_MEM_CUDA, &w[k]);
+        for (int k = 0; k < NSIZES; k++)
+            (void)post(c, 1, b[k], sizes[k], 1, 40, XCCL_MEM_CUDA, &w[k]);
         for (int k = 0; k < NSIZES; k++)
             if (w[k]) (void)wait_ok(w[k], "unexpected: send");
         /* after the data on the same connection */
@@ -354,9 +369,9 @@ static void test_unexpected(xccl_comm_t *c)
 static void test_any_source(xccl_comm_t *c)
 {
     int          rank = xccl_comm_rank(c), size = xccl_comm_size(c);
-    size_t       cap  = (1u << 20) + 64;
-    xccl_work_t *w[64] = {0};
-    void        *b[64] = {0};
+    size_t       cap      = (1u << 20) + 64;
+    xccl_work_t *w[64]    = {0};
+    void        *b[64]    = {0};
     int          seen[64] = {0};
 
     if (rank == 0) {
@@ -386,22 +401,25 @@ static void test_any_source(xccl_comm_t *c)
     }
 }
 
-static float val(int r, size_t i) { return (float)((r + 1) * 100 + (int)(i % 97)); }
+static float val(int r, size_t i)
+{
+    return (float)((r + 1) * 100 + (int)(i % 97));
+}
 
 /* allreduce (sum) and allgather on device buffers, every applicable algorithm. */
 static void test_colls(xccl_comm_t *c)
 {
-    static const size_t counts[] = {0, 1, 33, 5000, 300001};
-    static const xccl_coll_t colls[] = {XCCL_COLL_ALLREDUCE, XCCL_COLL_ALLGATHER};
-    int rank = xccl_comm_rank(c), size = xccl_comm_size(c);
+    static const size_t      counts[] = {0, 1, 33, 5000, 300001};
+    static const xccl_coll_t colls[]  = {XCCL_COLL_ALLREDUCE, XCCL_COLL_ALLGATHER};
+    int                      rank = xccl_comm_rank(c), size = xccl_comm_size(c);
 
     for (size_t ci = 0; ci < sizeof(counts) / sizeof(counts[0]); ci++) {
         for (int k = 0; k < 2; k++) {
             const xccl_algo_t *const *algos = xccl_algo_list(colls[k]);
             for (int ai = 0; algos[ai] != NULL; ai++) {
                 size_t           n = counts[ci], tot = n * (size_t)size;
-                xccl_coll_args_t probe = {.coll = colls[k], .count = n, .dtype = XCCL_FLOAT32,
-                                          .elsize = 4};
+                xccl_coll_args_t probe = {
+                    .coll = colls[k], .count = n, .dtype = XCCL_FLOAT32, .elsize = 4};
                 xccl_coll_opts_t opts = {.algo = algos[ai]->name, .mem = XCCL_MEM_CUDA};
                 float           *s, *r;
                 xccl_work_t     *w = NULL;
@@ -416,22 +434,27 @@ static void test_colls(xccl_comm_t *c)
                 r = dalloc((tot + 1) * 4);
                 dlock();
                 fdev_open(1);
-                for (size_t i = 0; i < n; i++) s[i] = val(rank, i);
-                for (size_t i = 0; i < tot; i++) r[i] = -7;
+                for (size_t i = 0; i < n; i++)
+                    s[i] = val(rank, i);
+                for (size_t i = 0; i < tot; i++)
+                    r[i] = -7;
                 fdev_open(0);
                 dunlock();
                 st = colls[k] == XCCL_COLL_ALLREDUCE
                          ? xccl_allreduce(c, s, r, n, XCCL_FLOAT32, XCCL_OP_SUM, &opts, &w)
                          : xccl_allgather(c, s, r, n, XCCL_FLOAT32, &opts, &w);
                 if (st == XCCL_OK) st = xccl_work_wait(w, -1);
-                CHECK_MSG(st == XCCL_OK, "%s: %s", what, w ? xccl_work_error(w) : xccl_last_error());
+                CHECK_MSG(st == XCCL_OK, "%s: %s", what,
+                          w ? xccl_work_error(w) : xccl_last_error());
                 dlock();
                 fdev_open(1);
                 for (size_t i = 0; st == XCCL_OK && i < (k == 0 ? n : tot) && bad < 0; i++) {
                     float want = 0;
                     if (k == 0)
-                        for (int q = 0; q < size; q++) want += val(q, i);
-                    else want = val((int)(i / n), i % n);
+                        for (int q = 0; q < size; q++)
+                            want += val(q, i);
+                    else
+                        want = val((int)(i / n), i % n);
                     if (r[i] != want) bad = (int)i;
                 }
                 fdev_open(0);
@@ -458,8 +481,8 @@ static void test_copy_failure(xccl_comm_t *c)
 {
     xccl_exec_ops_t        bad = fdev_ops;
     const xccl_exec_ops_t *old;
-    void                  *b   = dalloc(1000);
-    xccl_work_t           *w   = NULL;
+    void                  *b = dalloc(1000);
+    xccl_work_t           *w = NULL;
 
     if (xccl_comm_rank(c) == 0) {
         bad.copy = bad_copy;
@@ -481,7 +504,7 @@ static void test_copy_failure(xccl_comm_t *c)
  * than the pool: no deadlock, right data. */
 static void test_small_pool(xccl_comm_t *c)
 {
-    int          rank = xccl_comm_rank(c), peer = 1 - rank;
+    int rank = xccl_comm_rank(c), peer = 1 - rank;
     enum { N = 6 };
     size_t       n[N + 1];
     void        *s[N + 1], *r[N + 1];
@@ -502,7 +525,8 @@ static void test_small_pool(xccl_comm_t *c)
         char what[64];
         snprintf(what, sizeof(what), "small pool #%d rank %d", k, rank);
         if (ws[k]) (void)wait_ok(ws[k], what);
-        if (wr[k] && wait_ok(wr[k], what) == XCCL_OK) (void)check(r[k], n[k], n[k], peer, 80 + k, what);
+        if (wr[k] && wait_ok(wr[k], what) == XCCL_OK)
+            (void)check(r[k], n[k], n[k], peer, 80 + k, what);
     }
     for (int k = 0; k <= N; k++) {
         if (ws[k]) xccl_work_release(ws[k]);
@@ -518,8 +542,8 @@ static void test_small_pool(xccl_comm_t *c)
 static void test_registered_once(xccl_comm_t *c)
 {
     int      rank = xccl_comm_rank(c), size = xccl_comm_size(c);
-    size_t   n    = 1u << 20;
-    void    *s    = dalloc(n), *r = dalloc(n);
+    size_t   n = 1u << 20;
+    void    *s = dalloc(n), *r = dalloc(n);
     uint64_t recvs0 = 0;
 
     for (int it = 0; it < 12; it++) {
@@ -546,6 +570,97 @@ static void test_registered_once(xccl_comm_t *c)
               (unsigned long long)recvs0, (unsigned long long)ctx_stat(c, 2));
     dfree(s);
     dfree(r);
+}
+
+/* An executor whose copies stay in progress until the test lets them finish. */
+static _Atomic int stuck;
+static int         stuck_ev;
+
+static xccl_status_t stuck_copy(void *dst, const void *src, size_t n, void **ev)
+{
+    (void)dst, (void)src, (void)n;
+    *ev = &stuck_ev;
+    return XCCL_INPROGRESS;
+}
+
+static xccl_status_t stuck_test(void *ev)
+{
+    (void)ev;
+    return stuck ? XCCL_INPROGRESS : XCCL_OK;
+}
+
+static void stage_counts(xccl_comm_t *c, int *inuse, int *queued)
+{
+    xccl_ctx_t *ctx = c->ctx;
+
+    pthread_mutex_lock(&ctx->lock);
+    *inuse  = ctx->stage_inuse;
+    *queued = ctx->stage_head != NULL;
+    pthread_mutex_unlock(&ctx->lock);
+}
+
+/* On comm `b` (a short timeout), rank 0's staged send whose copy into the bounce buffer never
+ * finishes: (1) the send times out with a named error while the bounce buffer stays taken until
+ * the copy has finished; (2) the peer leaves while the copy runs: once it finishes, the send
+ * fails naming the peer. Rank 1 meanwhile waits on comm `a`. */
+static void test_stuck(xccl_comm_t *a, xccl_comm_t *b)
+{
+    int                    rank = xccl_comm_rank(a);
+    xccl_exec_ops_t        slow = fdev_ops;
+    const xccl_exec_ops_t *old;
+    void                  *buf = dalloc(5000);
+    xccl_work_t           *w   = NULL;
+    int                    inuse, queued;
+
+    if (rank == 0) {
+        slow.copy = stuck_copy;
+        slow.test = stuck_test;
+        old       = xccl_exec_set_for_test(XCCL_MEM_CUDA, &slow);
+        stuck     = 1;
+        if (post(b, 1, buf, 5000, 1, 100, XCCL_MEM_CUDA, &w) == XCCL_OK) {
+            xccl_status_t st = xccl_work_wait(w, -1);
+            CHECK_MSG(st == XCCL_ERR_TIMEOUT, "stuck copy: %s (%s)", xccl_status_string(st),
+                      xccl_work_error(w));
+            stage_counts(b, &inuse, &queued);
+            CHECK_MSG(inuse == 1 && queued, "timed out during its copy: %d in use, queued %d",
+                      inuse, queued);
+            stuck = 0; /* the copy finishes: the buffer goes back, nothing is sent */
+            for (int i = 0; i < 2000 && (inuse || queued); i++) {
+                usleep(1000);
+                stage_counts(b, &inuse, &queued);
+            }
+            CHECK_MSG(inuse == 0 && !queued, "after the copy: %d in use, queued %d", inuse, queued);
+            xccl_work_release(w);
+            w = NULL;
+        }
+        /* (2) the peer leaves while the copy runs */
+        stuck = 1;
+        if (post(b, 1, buf, 5000, 1, 101, XCCL_MEM_CUDA, &w) == XCCL_OK) {
+            int dead = 0;
+            sync_all(a); /* rank 1 destroys b now */
+            for (int i = 0; i < 3000 && !dead; i++) {
+                usleep(1000);
+                pthread_mutex_lock(&b->ctx->lock);
+                dead = b->ctx->peer_dead[b->world[1]] != NULL;
+                pthread_mutex_unlock(&b->ctx->lock);
+            }
+            CHECK_MSG(dead, "rank 1 left comm b but rank 0 did not see it");
+            stuck            = 0;
+            xccl_status_t st = xccl_work_wait(w, -1);
+            CHECK_MSG(st == XCCL_ERR_REMOTE && strstr(xccl_work_error(w), "rank 1"),
+                      "peer gone during the copy: %s (%s)", xccl_status_string(st),
+                      xccl_work_error(w));
+            stage_counts(b, &inuse, &queued);
+            CHECK_MSG(inuse == 0 && !queued, "after the failure: %d in use, queued %d", inuse,
+                      queued);
+            xccl_work_release(w);
+        }
+        xccl_exec_set_for_test(XCCL_MEM_CUDA, old);
+    } else {
+        sync_all(a);
+        if (rank == 1) xccl_comm_destroy(b);
+    }
+    dfree(buf);
 }
 
 static int child(int rank, int size, void *unused)
@@ -584,6 +699,21 @@ static int child(int rank, int size, void *unused)
     xccl_comm_destroy(c);
     dev_lock = NULL;
 
+    {
+        xccl_comm_t     *a  = comm_new(rank, size, "tcp"), *b;
+        pthread_mutex_t *la = dev_lock;
+        char             path[300];
+        snprintf(path, sizeof(path), "%s-%d", store_path, store_gen++);
+        b        = ctest_file_comm(path, rank, size, 1500, "stage-b", "tcp");
+        dev_lock = la;
+        if (a == NULL || b == NULL) return 2;
+        test_stuck(a, b);
+        if (rank != 1) xccl_comm_destroy(b);
+        sync_all(a);
+        xccl_comm_destroy(a);
+        dev_lock = NULL;
+    }
+
     c = comm_new(rank, size, "regtcp");
     if (c == NULL) return 2;
     test_registered_once(c);
@@ -610,7 +740,7 @@ int main(void)
                  nranks[k]);
         store_gen = 0;
         failed += ctest_fork_ranks("test_stage", nranks[k], child, NULL);
-        for (int g = 0; g < 3; g++) {
+        for (int g = 0; g < 5; g++) {
             char path[300];
             snprintf(path, sizeof(path), "%s-%d", store_path, g);
             unlink(path);
