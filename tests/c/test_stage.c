@@ -599,11 +599,11 @@ static void stage_counts(xccl_comm_t *c, int *inuse, int *queued)
     pthread_mutex_unlock(&ctx->lock);
 }
 
-/* On comm `b` (a short timeout), rank 0's staged send whose copy into the bounce buffer never
- * finishes: (1) the send times out with a named error while the bounce buffer stays taken until
- * the copy has finished; (2) the peer leaves while the copy runs: once it finishes, the send
- * fails naming the peer. Rank 1 meanwhile waits on comm `a`. */
-static void test_stuck(xccl_comm_t *a, xccl_comm_t *b)
+/* Rank 0's staged send whose copy into the bounce buffer does not finish: (1) on comm `b` (a
+ * short timeout) the send times out with a named error while the bounce buffer stays taken
+ * until the copy has finished; (2) on comm `b2` (a long timeout) the peer leaves while the copy
+ * runs: once it finishes, the send fails naming the peer. Rank 1 meanwhile waits on comm `a`. */
+static void test_stuck(xccl_comm_t *a, xccl_comm_t *b, xccl_comm_t *b2)
 {
     int                    rank = xccl_comm_rank(a);
     xccl_exec_ops_t        slow = fdev_ops;
@@ -635,22 +635,22 @@ static void test_stuck(xccl_comm_t *a, xccl_comm_t *b)
         }
         /* (2) the peer leaves while the copy runs */
         stuck = 1;
-        if (post(b, 1, buf, 5000, 1, 101, XCCL_MEM_CUDA, &w) == XCCL_OK) {
+        if (post(b2, 1, buf, 5000, 1, 101, XCCL_MEM_CUDA, &w) == XCCL_OK) {
             int dead = 0;
-            sync_all(a); /* rank 1 destroys b now */
+            sync_all(a); /* rank 1 destroys b2 now */
             for (int i = 0; i < 3000 && !dead; i++) {
                 usleep(1000);
-                pthread_mutex_lock(&b->ctx->lock);
-                dead = b->ctx->peer_dead[b->world[1]] != NULL;
-                pthread_mutex_unlock(&b->ctx->lock);
+                pthread_mutex_lock(&b2->ctx->lock);
+                dead = b2->ctx->peer_dead[b2->world[1]] != NULL;
+                pthread_mutex_unlock(&b2->ctx->lock);
             }
-            CHECK_MSG(dead, "rank 1 left comm b but rank 0 did not see it");
+            CHECK_MSG(dead, "rank 1 left comm b2 but rank 0 did not see it");
             stuck            = 0;
             xccl_status_t st = xccl_work_wait(w, -1);
             CHECK_MSG(st == XCCL_ERR_REMOTE && strstr(xccl_work_error(w), "rank 1"),
                       "peer gone during the copy: %s (%s)", xccl_status_string(st),
                       xccl_work_error(w));
-            stage_counts(b, &inuse, &queued);
+            stage_counts(b2, &inuse, &queued);
             CHECK_MSG(inuse == 0 && !queued, "after the failure: %d in use, queued %d", inuse,
                       queued);
             xccl_work_release(w);
@@ -658,9 +658,17 @@ static void test_stuck(xccl_comm_t *a, xccl_comm_t *b)
         xccl_exec_set_for_test(XCCL_MEM_CUDA, old);
     } else {
         sync_all(a);
-        if (rank == 1) xccl_comm_destroy(b);
+        if (rank == 1) xccl_comm_destroy(b2);
     }
     dfree(buf);
+}
+
+/* The transport of the main parts: tcp, or $XCCL_TEST_STAGE_TRANSPORT (tests/rdma: ibverbs,
+ * a registering transport on a real verbs device). */
+static const char *main_tps(void)
+{
+    const char *t = getenv("XCCL_TEST_STAGE_TRANSPORT");
+    return t != NULL && *t != '\0' ? t : "tcp";
 }
 
 static int child(int rank, int size, void *unused)
@@ -670,7 +678,7 @@ static int child(int rank, int size, void *unused)
     (void)unused;
     CHECK(xccl_exec_set_for_test(XCCL_MEM_CUDA, &fdev_ops) == NULL);
     fdev.rng = 1 + (uint64_t)rank;
-    c        = comm_new(rank, size, "tcp");
+    c        = comm_new(rank, size, main_tps());
     if (c == NULL) return 2;
     test_ring(c, XCCL_MEM_CUDA, XCCL_MEM_CUDA, 0);
     test_ring(c, XCCL_MEM_CUDA, XCCL_MEM_HOST, 1);
@@ -691,7 +699,7 @@ static int child(int rank, int size, void *unused)
     dev_lock = NULL;
 
     setenv("XCCL_STAGE_BYTES", "262144", 1);
-    c = comm_new(rank, size, "tcp");
+    c = comm_new(rank, size, main_tps());
     unsetenv("XCCL_STAGE_BYTES");
     if (c == NULL) return 2;
     test_small_pool(c);
@@ -700,15 +708,18 @@ static int child(int rank, int size, void *unused)
     dev_lock = NULL;
 
     {
-        xccl_comm_t     *a  = comm_new(rank, size, "tcp"), *b;
+        xccl_comm_t     *a  = comm_new(rank, size, "tcp"), *b, *b2;
         pthread_mutex_t *la = dev_lock;
         char             path[300];
         snprintf(path, sizeof(path), "%s-%d", store_path, store_gen++);
-        b        = ctest_file_comm(path, rank, size, 1500, "stage-b", "tcp");
+        b = ctest_file_comm(path, rank, size, 1500, "stage-b", "tcp");
+        snprintf(path, sizeof(path), "%s-%d", store_path, store_gen++);
+        b2       = ctest_file_comm(path, rank, size, 30000, "stage-b2", "tcp");
         dev_lock = la;
-        if (a == NULL || b == NULL) return 2;
-        test_stuck(a, b);
-        if (rank != 1) xccl_comm_destroy(b);
+        if (a == NULL || b == NULL || b2 == NULL) return 2;
+        test_stuck(a, b, b2);
+        xccl_comm_destroy(b);
+        if (rank != 1) xccl_comm_destroy(b2);
         sync_all(a);
         xccl_comm_destroy(a);
         dev_lock = NULL;
@@ -740,7 +751,7 @@ int main(void)
                  nranks[k]);
         store_gen = 0;
         failed += ctest_fork_ranks("test_stage", nranks[k], child, NULL);
-        for (int g = 0; g < 5; g++) {
+        for (int g = 0; g < 6; g++) {
             char path[300];
             snprintf(path, sizeof(path), "%s-%d", store_path, g);
             unlink(path);
