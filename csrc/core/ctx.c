@@ -18,6 +18,9 @@
  * unexpected messages, staged in host memory: per sender and in arrival order on their
  * communicator, and in ctx->unexp (which alone holds those of communicators this rank has not
  * created yet, and control messages). A posted receive looks for its message the same way.
+ *
+ * Staging ("Staging" below): device memory to or from a peer that only host-memory transports
+ * reach passes through host bounce buffers, copied by the executor of its memory type.
  */
 #include "core/core.h"
 
