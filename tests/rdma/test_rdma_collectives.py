@@ -39,11 +39,12 @@ def body_every_collective(rank, world_size):
     return checks
 
 
-@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("n", [2, 4])
 def test_every_collective_and_algorithm(n):
     """Tests/hosts' checker: every collective with every algorithm that applies (and the
     selector's choice), all reduction operators, batch_isend_irecv, send/recv, receive from any
-    source; on the world group and on a subgroup."""
+    source; on the world group and on a subgroup. (3 ranks: the other tests; this one is the
+    suite's longest, about 30 s per size in the VM.)"""
     checks = run_spmd(body_every_collective, n, env=env(), timeout=900)
     assert min(checks) > 0
 
