@@ -9,11 +9,14 @@
 
 static int name_char(char c)
 {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-           c == '_' || c == '-' || c == '.';
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+           c == '-' || c == '.';
 }
 
-static int blank(char c) { return c == ' ' || c == '\t'; }
+static int blank(char c)
+{
+    return c == ' ' || c == '\t';
+}
 
 /* One entry: [b, e) with the blanks around it already trimmed. */
 static int parse_entry(const char *b, const char *e, xccl_ib_hca_ent_t *ent, char *err,
@@ -71,18 +74,23 @@ int xccl_ib_hca_parse(const char *spec, xccl_ib_hca_t *out, char *err, size_t er
 
     memset(out, 0, sizeof(*out));
     if (errlen > 0) err[0] = '\0';
-    while (blank(*s)) s++;
+    while (blank(*s))
+        s++;
     if (*s == '\0') return 0;
     for (int i = 0; i < 2; i++) { /* "^=", "=^", "^" or "=" */
-        if (*s == '^' && !out->exclude) out->exclude = 1, s++;
-        else if (*s == '=' && !out->exact) out->exact = 1, s++;
+        if (*s == '^' && !out->exclude)
+            out->exclude = 1, s++;
+        else if (*s == '=' && !out->exact)
+            out->exact = 1, s++;
     }
     for (;;) {
         const char *b = s, *e = strchr(s, ',');
         if (e == NULL) e = s + strlen(s);
         s = *e == ',' ? e + 1 : e;
-        while (b < e && blank(*b)) b++;
-        while (e > b && blank(e[-1])) e--;
+        while (b < e && blank(*b))
+            b++;
+        while (e > b && blank(e[-1]))
+            e--;
         if (b == e) {
             snprintf(err, errlen, "empty entry in '%s'", spec);
             return -1;
@@ -109,8 +117,8 @@ int xccl_ib_hca_match(const xccl_ib_hca_t *h, const char *dev, int port)
     if (h->n == 0) return 1;
     for (int i = 0; i < h->n && !found; i++) {
         const xccl_ib_hca_ent_t *e = &h->ent[i];
-        int name_ok = h->exact ? strcmp(dev, e->name) == 0
-                               : strncmp(dev, e->name, strlen(e->name)) == 0;
+        int                      name_ok =
+            h->exact ? strcmp(dev, e->name) == 0 : strncmp(dev, e->name, strlen(e->name)) == 0;
         found = name_ok && (e->port == 0 || e->port == port);
     }
     return h->exclude ? !found : found;

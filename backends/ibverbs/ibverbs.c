@@ -151,7 +151,7 @@ static int ib_fns_load(ib_fns_t *f, char *why, size_t len)
         const char *name;
         size_t      off;
     } syms[] = {
-#define S(field, sym) {sym, offsetof(ib_fns_t, field)}
+#define S(field, sym)     {sym, offsetof(ib_fns_t, field)}
         S(get_device_list, "ibv_get_device_list"),
         S(free_device_list, "ibv_free_device_list"),
         S(get_device_name, "ibv_get_device_name"),
@@ -224,7 +224,10 @@ typedef struct ib_conn {
     uint32_t magic;
     uint32_t from, to;
     uint32_t qpn, psn;
-    uint32_t depth; /* receives posted (for a sanity check) */
+    uint32_t depth;       /* receives posted: both ends must agree                     */
+    uint32_t eager_bytes; /* receive slot payload: both ends must agree                */
+    uint32_t reads;       /* RDMA READs `from` serves at once as the responder         */
+    uint32_t pad;
     uint64_t job_id;
 } ib_conn_t;
 
@@ -295,16 +298,17 @@ typedef struct ib_peer {
     char          *sslots; /* nsslots send slots */
     uint32_t      *sfree;  /* stack of free send slot indices */
     int            nsfree;
-    int            credits;   /* data messages this rank may still send */
-    int            owed;      /* credits to return to the peer */
-    uint32_t       ctrl_sent; /* CREDIT messages sent */
-    uint32_t       ctrl_acked; /* ... that the peer reported handled */
-    uint32_t       ctrl_recv; /* CREDIT messages of the peer handled here */
-    ib_send_t     *fq_head, *fq_tail; /* FINs to send (before user sends) */
-    ib_send_t     *sq_head, *sq_tail; /* user sends not posted yet */
+    int            credits;             /* data messages this rank may still send */
+    int            owed;                /* credits to return to the peer */
+    uint32_t       ctrl_sent;           /* CREDIT messages sent */
+    uint32_t       ctrl_acked;          /* ... that the peer reported handled */
+    uint32_t       ctrl_recv;           /* CREDIT messages of the peer handled here */
+    ib_send_t     *fq_head, *fq_tail;   /* FINs to send (before user sends) */
+    ib_send_t     *sq_head, *sq_tail;   /* user sends not posted yet */
     ib_send_t     *rts_head, *rts_tail; /* RTS posted, waiting for FIN */
-    ib_rdv_t      *rd_head, *rd_tail; /* rendezvous receives */
+    ib_rdv_t      *rd_head, *rd_tail;   /* rendezvous receives */
     int            reads_out;
+    int            max_reads; /* outstanding READs towards it: min of both ends' limits */
     uint64_t       next_id;
     int            flushing;
     int            broken; /* a post failed outside progress: progress fails the peer */
@@ -342,12 +346,12 @@ struct xccl_tp_ctx {
     size_t         slab_len;
     struct ibv_mr *slab_mr;
 
-    ib_peer_t  *peers;
-    ib_send_t  *free_sends;
-    ib_rdv_t   *free_rdvs;
-    int         nbroken;
-    atomic_int  armed, want_arm;
-    int64_t     next_async_ms;
+    ib_peer_t *peers;
+    ib_send_t *free_sends;
+    ib_rdv_t  *free_rdvs;
+    int        nbroken;
+    atomic_int armed, want_arm;
+    int64_t    next_async_ms;
 };
 
 /* ---- small helpers -------------------------------------------------------------------------- */
@@ -355,32 +359,43 @@ struct xccl_tp_ctx {
 static const char *ib_mtu_str(int mtu)
 {
     switch (mtu) {
-    case IBV_MTU_256: return "256";
-    case IBV_MTU_512: return "512";
-    case IBV_MTU_1024: return "1024";
-    case IBV_MTU_2048: return "2048";
-    case IBV_MTU_4096: return "4096";
-    default: return "?";
+    case IBV_MTU_256:
+        return "256";
+    case IBV_MTU_512:
+        return "512";
+    case IBV_MTU_1024:
+        return "1024";
+    case IBV_MTU_2048:
+        return "2048";
+    case IBV_MTU_4096:
+        return "4096";
+    default:
+        return "?";
     }
 }
 
 static const char *ib_port_state_str(int s)
 {
     switch (s) {
-    case IBV_PORT_DOWN: return "DOWN";
-    case IBV_PORT_INIT: return "INIT";
-    case IBV_PORT_ARMED: return "ARMED";
-    case IBV_PORT_ACTIVE: return "ACTIVE";
-    case IBV_PORT_ACTIVE_DEFER: return "ACTIVE_DEFER";
-    default: return "NOP";
+    case IBV_PORT_DOWN:
+        return "DOWN";
+    case IBV_PORT_INIT:
+        return "INIT";
+    case IBV_PORT_ARMED:
+        return "ARMED";
+    case IBV_PORT_ACTIVE:
+        return "ACTIVE";
+    case IBV_PORT_ACTIVE_DEFER:
+        return "ACTIVE_DEFER";
+    default:
+        return "NOP";
     }
 }
 
 static void ib_gid_str(const uint8_t g[16], char *buf, size_t len)
 {
-    snprintf(buf, len,
-             "%02x%02x:%02x%02x:%02x%02x:%02x%02x:%02x%02x:%02x%02x:%02x%02x:%02x%02x", g[0],
-             g[1], g[2], g[3], g[4], g[5], g[6], g[7], g[8], g[9], g[10], g[11], g[12], g[13],
+    snprintf(buf, len, "%02x%02x:%02x%02x:%02x%02x:%02x%02x:%02x%02x:%02x%02x:%02x%02x:%02x%02x",
+             g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7], g[8], g[9], g[10], g[11], g[12], g[13],
              g[14], g[15]);
 }
 
@@ -394,8 +409,10 @@ static void ib_wake(xccl_tp_ctx_t *ctx)
 static ib_send_t *ib_send_get(xccl_tp_ctx_t *ctx)
 {
     ib_send_t *q = ctx->free_sends;
-    if (q != NULL) ctx->free_sends = q->next;
-    else q = malloc(sizeof(*q));
+    if (q != NULL)
+        ctx->free_sends = q->next;
+    else
+        q = malloc(sizeof(*q));
     if (q != NULL) memset(q, 0, sizeof(*q));
     return q;
 }
@@ -409,8 +426,10 @@ static void ib_send_put(xccl_tp_ctx_t *ctx, ib_send_t *q)
 static void ib_q_push(ib_send_t **head, ib_send_t **tail, ib_send_t *q)
 {
     q->next = NULL;
-    if (*tail) (*tail)->next = q;
-    else *head = q;
+    if (*tail)
+        (*tail)->next = q;
+    else
+        *head = q;
     *tail = q;
 }
 
@@ -437,11 +456,13 @@ static void ib_fail_peer(xccl_tp_ctx_t *ctx, int peer, xccl_status_t st, const c
     int        busy;
 
     if (p->state == IB_P_DEAD) return;
-    busy = p->sq_head != NULL || p->rts_head != NULL || p->rd_head != NULL;
+    busy     = p->sq_head != NULL || p->rts_head != NULL || p->rd_head != NULL;
     p->state = IB_P_DEAD;
     snprintf(p->why, sizeof(p->why), "%s", why);
-    if (busy) XCCL_WARN("ibverbs: rank %d: %s", ctx->rank, p->why);
-    else XCCL_INFO("ibverbs: rank %d: %s", ctx->rank, p->why);
+    if (busy)
+        XCCL_WARN("ibverbs: rank %d: %s", ctx->rank, p->why);
+    else
+        XCCL_INFO("ibverbs: rank %d: %s", ctx->rank, p->why);
     if (p->broken) {
         p->broken = 0;
         ctx->nbroken--;
@@ -451,7 +472,8 @@ static void ib_fail_peer(xccl_tp_ctx_t *ctx, int peer, xccl_status_t st, const c
         p->qp = NULL;
     }
     (void)xccl_error_set(st, "%s", p->why);
-    while ((q = ib_q_pop(&p->fq_head, &p->fq_tail)) != NULL) ib_send_put(ctx, q);
+    while ((q = ib_q_pop(&p->fq_head, &p->fq_tail)) != NULL)
+        ib_send_put(ctx, q);
     while ((q = ib_q_pop(&p->sq_head, &p->sq_tail)) != NULL) {
         void *cookie = q->cookie;
         ib_send_put(ctx, q);
@@ -463,8 +485,8 @@ static void ib_fail_peer(xccl_tp_ctx_t *ctx, int peer, xccl_status_t st, const c
         ctx->up->send_done(ctx->up->core, cookie, XCCL_ERR_REMOTE);
     }
     while ((rd = p->rd_head) != NULL) {
-        void *cookie = rd->cookie;
-        p->rd_head   = rd->next;
+        void *cookie   = rd->cookie;
+        p->rd_head     = rd->next;
         rd->next       = ctx->free_rdvs;
         ctx->free_rdvs = rd;
         ctx->up->recv_done(ctx->up->core, cookie, XCCL_ERR_REMOTE);
@@ -499,11 +521,11 @@ static void ib_mark_broken(xccl_tp_ctx_t *ctx, int peer, const char *what, int e
 
 static int ib_post_recv(xccl_tp_ctx_t *ctx, int peer, uint32_t slot)
 {
-    ib_peer_t          *p  = &ctx->peers[peer];
-    struct ibv_sge      sg = {.addr   = (uintptr_t)(p->rslots + (size_t)slot * ctx->slot_bytes),
-                              .length = (uint32_t)ctx->slot_bytes,
-                              .lkey   = ctx->slab_mr->lkey};
-    struct ibv_recv_wr  wr = {.wr_id = WR_ID(WR_RECV, peer, slot), .sg_list = &sg, .num_sge = 1};
+    ib_peer_t          *p   = &ctx->peers[peer];
+    struct ibv_sge      sg  = {.addr   = (uintptr_t)(p->rslots + (size_t)slot * ctx->slot_bytes),
+                               .length = (uint32_t)ctx->slot_bytes,
+                               .lkey   = ctx->slab_mr->lkey};
+    struct ibv_recv_wr  wr  = {.wr_id = WR_ID(WR_RECV, peer, slot), .sg_list = &sg, .num_sge = 1};
     struct ibv_recv_wr *bad = NULL;
 
     return ibv_post_recv(p->qp, &wr, &bad);
@@ -513,11 +535,10 @@ static int ib_post_recv(xccl_tp_ctx_t *ctx, int peer, uint32_t slot)
  * payload already in the slot. */
 static int ib_post_wire(xccl_tp_ctx_t *ctx, int peer, uint32_t slot, size_t len)
 {
-    ib_peer_t          *p  = &ctx->peers[peer];
-    char               *s  = p->sslots + (size_t)slot * ctx->slot_bytes;
-    ib_wire_t          *w  = (ib_wire_t *)s;
-    struct ibv_sge      sg = {.addr = (uintptr_t)s, .length = (uint32_t)len,
-                              .lkey = ctx->slab_mr->lkey};
+    ib_peer_t     *p  = &ctx->peers[peer];
+    char          *s  = p->sslots + (size_t)slot * ctx->slot_bytes;
+    ib_wire_t     *w  = (ib_wire_t *)s;
+    struct ibv_sge sg = {.addr = (uintptr_t)s, .length = (uint32_t)len, .lkey = ctx->slab_mr->lkey};
     struct ibv_send_wr  wr;
     struct ibv_send_wr *bad = NULL;
     int                 rc;
@@ -546,7 +567,7 @@ static int ib_flush(xccl_tp_ctx_t *ctx, int peer)
     if (p->flushing || p->state != IB_P_UP || p->broken) return 0;
     p->flushing = 1;
     for (;;) {
-        ib_send_t *q    = p->fq_head != NULL ? p->fq_head : p->sq_head;
+        ib_send_t *q     = p->fq_head != NULL ? p->fq_head : p->sq_head;
         int        isfin = q != NULL && q == p->fq_head;
         uint32_t   slot;
         char      *s;
@@ -620,8 +641,8 @@ static void ib_issue_reads(xccl_tp_ctx_t *ctx, int peer)
 {
     ib_peer_t *p = &ctx->peers[peer];
 
-    for (ib_rdv_t *rd = p->rd_head; rd != NULL && p->reads_out < ctx->max_reads; rd = rd->next) {
-        while (rd->posted < rd->len && p->reads_out < ctx->max_reads) {
+    for (ib_rdv_t *rd = p->rd_head; rd != NULL && p->reads_out < p->max_reads; rd = rd->next) {
+        while (rd->posted < rd->len && p->reads_out < p->max_reads) {
             uint64_t            chunk = rd->len - rd->posted;
             struct ibv_sge      sg;
             struct ibv_send_wr  wr;
@@ -700,8 +721,9 @@ static void ib_handle_recv(xccl_tp_ctx_t *ctx, int peer, uint32_t slot, uint32_t
         break;
     case IB_MSG_EAGER:
         if (w.u.hdr.nbytes > ctx->eager_bytes || byte_len != IB_WIRE_SZ + w.u.hdr.nbytes) {
-            snprintf(why, sizeof(why), "malformed eager message (%u bytes, header says %" PRIu64
-                     ")", byte_len, w.u.hdr.nbytes);
+            snprintf(why, sizeof(why),
+                     "malformed eager message (%u bytes, header says %" PRIu64 ")", byte_len,
+                     w.u.hdr.nbytes);
             goto bad;
         }
         dst = (xccl_tp_buf_t){NULL, XCCL_MEM_HOST, NULL};
@@ -711,8 +733,7 @@ static void ib_handle_recv(xccl_tp_ctx_t *ctx, int peer, uint32_t slot, uint32_t
             ib_fail_peer_fmt(ctx, peer, st, why);
             return;
         }
-        if (dst.ptr != NULL && w.u.hdr.nbytes > 0)
-            memcpy(dst.ptr, s + IB_WIRE_SZ, w.u.hdr.nbytes);
+        if (dst.ptr != NULL && w.u.hdr.nbytes > 0) memcpy(dst.ptr, s + IB_WIRE_SZ, w.u.hdr.nbytes);
         ctx->up->recv_done(ctx->up->core, cookie, XCCL_OK);
         if (p->state != IB_P_UP) return;
         break;
@@ -735,15 +756,17 @@ static void ib_handle_recv(xccl_tp_ctx_t *ctx, int peer, uint32_t slot, uint32_t
             ib_queue_fin(ctx, peer, w.u.rts.id, XCCL_ERR_NOT_SUPPORTED);
             xccl_error_set(XCCL_ERR_NOT_SUPPORTED,
                            "ibverbs: rank %d: receive of %" PRIu64 " bytes from rank %d into "
-                           "unregistered or non-host memory", ctx->rank, w.u.rts.hdr.nbytes,
-                           peer);
+                           "unregistered or non-host memory",
+                           ctx->rank, w.u.rts.hdr.nbytes, peer);
             ctx->up->recv_done(ctx->up->core, cookie, XCCL_ERR_NOT_SUPPORTED);
             if (p->state != IB_P_UP) return;
             break;
         }
         rd = ctx->free_rdvs;
-        if (rd != NULL) ctx->free_rdvs = rd->next;
-        else rd = malloc(sizeof(*rd));
+        if (rd != NULL)
+            ctx->free_rdvs = rd->next;
+        else
+            rd = malloc(sizeof(*rd));
         if (rd == NULL) {
             ctx->up->recv_done(ctx->up->core, cookie, XCCL_ERR_NO_MEMORY);
             ib_fail_peer_fmt(ctx, peer, XCCL_ERR_NO_MEMORY, "out of memory for a receive");
@@ -757,22 +780,26 @@ static void ib_handle_recv(xccl_tp_ctx_t *ctx, int peer, uint32_t slot, uint32_t
         rd->dst    = dst.ptr;
         rd->lkey   = ((struct ibv_mr *)dst.mr)->lkey;
         rd->cookie = cookie;
-        if (p->rd_tail) p->rd_tail->next = rd;
-        else p->rd_head = rd;
+        if (p->rd_tail)
+            p->rd_tail->next = rd;
+        else
+            p->rd_head = rd;
         p->rd_tail = rd;
         ib_issue_reads(ctx, peer);
         break;
     }
     case IB_MSG_FIN: {
         ib_send_t *q, *prev = NULL;
-        for (q = p->rts_head; q != NULL && q->id != w.u.fin.id; q = q->next) prev = q;
+        for (q = p->rts_head; q != NULL && q->id != w.u.fin.id; q = q->next)
+            prev = q;
         if (q == NULL) {
-            snprintf(why, sizeof(why), "protocol error: FIN for unknown send %" PRIu64,
-                     w.u.fin.id);
+            snprintf(why, sizeof(why), "protocol error: FIN for unknown send %" PRIu64, w.u.fin.id);
             goto bad;
         }
-        if (prev) prev->next = q->next;
-        else p->rts_head = q->next;
+        if (prev)
+            prev->next = q->next;
+        else
+            p->rts_head = q->next;
         if (p->rts_tail == q) p->rts_tail = prev;
         {
             void         *ck = q->cookie;
@@ -807,12 +834,15 @@ static void ib_read_done(xccl_tp_ctx_t *ctx, int peer)
     ib_rdv_t  *rd, *prev = NULL;
 
     p->reads_out--;
-    for (rd = p->rd_head; rd != NULL && rd->nreads == 0; rd = rd->next) prev = rd;
+    for (rd = p->rd_head; rd != NULL && rd->nreads == 0; rd = rd->next)
+        prev = rd;
     if (rd == NULL) return; /* cannot happen: completions come in posting order */
     rd->nreads--;
     if (rd->nreads > 0 || rd->posted < rd->len) return;
-    if (prev) prev->next = rd->next;
-    else p->rd_head = rd->next;
+    if (prev)
+        prev->next = rd->next;
+    else
+        p->rd_head = rd->next;
     if (p->rd_tail == rd) p->rd_tail = prev;
     ib_queue_fin(ctx, peer, rd->id, 0);
     {
@@ -823,6 +853,10 @@ static void ib_read_done(xccl_tp_ctx_t *ctx, int peer)
     }
 }
 
+static int         ib_query_port(xccl_tp_ctx_t *ctx, struct ibv_context *c, uint8_t port,
+                                 struct ibv_port_attr *pa);
+static const char *ib_port_state_str(int s);
+
 static void ib_handle_wc(xccl_tp_ctx_t *ctx, const struct ibv_wc *wc)
 {
     int        kind = WR_KIND(wc->wr_id), peer = WR_PEER(wc->wr_id);
@@ -832,10 +866,17 @@ static void ib_handle_wc(xccl_tp_ctx_t *ctx, const struct ibv_wc *wc)
     p = &ctx->peers[peer];
     if (p->state != IB_P_UP) return; /* flushed work of a failed peer */
     if (wc->status != IBV_WC_SUCCESS) {
-        char what[200];
-        snprintf(what, sizeof(what), "%s failed: %s (status %d, vendor error 0x%x)",
-                 kind == WR_RECV ? "receive" : kind == WR_READ ? "RDMA READ" : "send",
-                 ctx->f.wc_status_str(wc->status), (int)wc->status, wc->vendor_err);
+        char                 what[200], port[64] = "";
+        struct ibv_port_attr pa;
+        /* a port that went down explains the failure better than the completion status */
+        if (ib_query_port(ctx, ctx->dev, ctx->port, &pa) == 0 && pa.state != IBV_PORT_ACTIVE)
+            snprintf(port, sizeof(port), "; port %u of %.32s is %s", ctx->port, ctx->dev_name,
+                     ib_port_state_str(pa.state));
+        snprintf(what, sizeof(what), "%s failed: %s (status %d, vendor error 0x%x)%s",
+                 kind == WR_RECV   ? "receive"
+                 : kind == WR_READ ? "RDMA READ"
+                                   : "send",
+                 ctx->f.wc_status_str(wc->status), (int)wc->status, wc->vendor_err, port);
         ib_fail_peer_fmt(ctx, peer, XCCL_ERR_REMOTE, what);
         return;
     }
@@ -897,8 +938,7 @@ static int ib_async(xccl_tp_ctx_t *ctx)
             snprintf(what, sizeof(what), "asynchronous event %s", name);
             XCCL_WARN("ibverbs: rank %d: %s on %s", ctx->rank, what, ctx->dev_name);
             for (int r = 0; r < ctx->size; r++)
-                if (ctx->peers[r].state == IB_P_UP)
-                    ib_fail_peer_fmt(ctx, r, XCCL_ERR_REMOTE, what);
+                if (ctx->peers[r].state == IB_P_UP) ib_fail_peer_fmt(ctx, r, XCCL_ERR_REMOTE, what);
             break;
         }
         default:
@@ -928,7 +968,8 @@ static int ib_poll(xccl_tp_ctx_t *ctx)
                     ib_fail_peer_fmt(ctx, r, XCCL_ERR_SYSTEM, "ibv_poll_cq failed");
             return total;
         }
-        for (int i = 0; i < n; i++) ib_handle_wc(ctx, &wc[i]);
+        for (int i = 0; i < n; i++)
+            ib_handle_wc(ctx, &wc[i]);
         total += n;
     } while (n == IB_POLL_BATCH && total < IB_POLL_BUDGET);
     return total;
@@ -1029,11 +1070,11 @@ static xccl_status_t ib_isend(xccl_tp_ctx_t *ctx, int peer, const xccl_msg_hdr_t
     if (hdr->nbytes > 0 && (buf == NULL || buf->ptr == NULL))
         return XCCL_ERROR(XCCL_ERR_INVALID_ARG,
                           "ibverbs: rank %d: send of %" PRIu64 " bytes to rank %d without a "
-                          "buffer", ctx->rank, hdr->nbytes, peer);
+                          "buffer",
+                          ctx->rank, hdr->nbytes, peer);
     if (hdr->nbytes > 0 && buf->mem != XCCL_MEM_HOST)
         return XCCL_ERROR(XCCL_ERR_NOT_SUPPORTED,
-                          "ibverbs: rank %d: send to rank %d from device memory", ctx->rank,
-                          peer);
+                          "ibverbs: rank %d: send to rank %d from device memory", ctx->rank, peer);
     p = &ctx->peers[peer];
     if (p->state == IB_P_DEAD)
         return XCCL_ERROR(XCCL_ERR_REMOTE, "ibverbs: rank %d: cannot send to rank %d: %s",
@@ -1045,7 +1086,8 @@ static xccl_status_t ib_isend(xccl_tp_ctx_t *ctx, int peer, const xccl_msg_hdr_t
     if (hdr->nbytes > ctx->eager_bytes && buf->mr == NULL)
         return XCCL_ERROR(XCCL_ERR_INVALID_USAGE,
                           "ibverbs: rank %d: send of %" PRIu64 " bytes to rank %d from "
-                          "unregistered memory", ctx->rank, hdr->nbytes, peer);
+                          "unregistered memory",
+                          ctx->rank, hdr->nbytes, peer);
     q = ib_send_get(ctx);
     if (q == NULL)
         return XCCL_ERROR(XCCL_ERR_NO_MEMORY, "ibverbs: rank %d: send request", ctx->rank);
@@ -1077,17 +1119,19 @@ static void ib_close_peer(xccl_tp_ctx_t *ctx, int peer, const char *why)
 
 static void ib_fmt_bytes(uint64_t b, char *buf, size_t len)
 {
-    if (b == (uint64_t)RLIM_INFINITY) snprintf(buf, len, "unlimited");
+    if (b == (uint64_t)RLIM_INFINITY)
+        snprintf(buf, len, "unlimited");
     else if (b >= (1ull << 30) && b % (1ull << 30) == 0)
         snprintf(buf, len, "%" PRIu64 " GiB", b >> 30);
     else if (b >= (1ull << 20) && b % (1ull << 20) == 0)
         snprintf(buf, len, "%" PRIu64 " MiB", b >> 20);
-    else if (b >= 1024 && b % 1024 == 0) snprintf(buf, len, "%" PRIu64 " KiB", b >> 10);
-    else snprintf(buf, len, "%" PRIu64 " bytes", b);
+    else if (b >= 1024 && b % 1024 == 0)
+        snprintf(buf, len, "%" PRIu64 " KiB", b >> 10);
+    else
+        snprintf(buf, len, "%" PRIu64 " bytes", b);
 }
 
-static struct ibv_mr *ib_reg(xccl_tp_ctx_t *ctx, void *ptr, size_t n, int access,
-                             xccl_status_t *st)
+static struct ibv_mr *ib_reg(xccl_tp_ctx_t *ctx, void *ptr, size_t n, int access, xccl_status_t *st)
 {
     struct ibv_mr *mr = ctx->f.reg_mr(ctx->pd, ptr, n, access);
     int            e  = errno;
@@ -1107,8 +1151,8 @@ static struct ibv_mr *ib_reg(xccl_tp_ctx_t *ctx, void *ptr, size_t n, int access
                          ctx->rank, sz, ptr, ctx->dev_name, strerror(e), cur);
     } else {
         *st = XCCL_ERROR(e == ENOMEM ? XCCL_ERR_NO_MEMORY : XCCL_ERR_SYSTEM,
-                         "ibverbs: rank %d: cannot register %s at %p with %s: %s", ctx->rank,
-                         sz, ptr, ctx->dev_name, strerror(e));
+                         "ibverbs: rank %d: cannot register %s at %p with %s: %s", ctx->rank, sz,
+                         ptr, ctx->dev_name, strerror(e));
     }
     return NULL;
 }
@@ -1116,7 +1160,7 @@ static struct ibv_mr *ib_reg(xccl_tp_ctx_t *ctx, void *ptr, size_t n, int access
 static xccl_status_t ib_mem_reg(xccl_tp_ctx_t *ctx, void *ptr, size_t nbytes, xccl_mem_type_t mem,
                                 void **mr)
 {
-    xccl_status_t st = XCCL_OK;
+    xccl_status_t  st = XCCL_OK;
     struct ibv_mr *m;
 
     if (mem != XCCL_MEM_HOST)
@@ -1157,8 +1201,8 @@ static void ib_gid_type(const char *dev, int port, int i, char *buf, size_t len)
     FILE *f;
 
     buf[0] = '\0';
-    snprintf(path, sizeof(path), "/sys/class/infiniband/%s/ports/%d/gid_attrs/types/%d", dev,
-             port, i);
+    snprintf(path, sizeof(path), "/sys/class/infiniband/%s/ports/%d/gid_attrs/types/%d", dev, port,
+             i);
     f = fopen(path, "r");
     if (f == NULL) return;
     if (fgets(buf, (int)len, f) == NULL) buf[0] = '\0';
@@ -1166,19 +1210,42 @@ static void ib_gid_type(const char *dev, int port, int i, char *buf, size_t len)
     buf[strcspn(buf, "\n")] = '\0';
 }
 
-/* RoCE: picks the GID index (see the file comment). 0 or -1 with why. */
+/* RoCE: picks the GID index (see the file comment). 0, -1 (none usable: why) or -2 (a bad
+ * XCCL_IB_GID_INDEX: why). */
 static int ib_pick_gid(xccl_tp_ctx_t *ctx, char *why, size_t len)
 {
-    int64_t forced = xccl_env_int("XCCL_IB_GID_INDEX", -1);
-    int     best = -1, best_rank = 0;
+    const char *env    = getenv("XCCL_IB_GID_INDEX");
+    int64_t     forced = -1;
+    int         best = -1, best_rank = 0;
 
+    if (env != NULL && *env != '\0') { /* a decimal index; anything else is a mistake */
+        char *end = NULL;
+        long  v;
+        errno = 0;
+        v     = strtol(env, &end, 10);
+        if (errno != 0 || end == env || *end != '\0' || v < 0 || v > 255) {
+            snprintf(why, len,
+                     "XCCL_IB_GID_INDEX='%.32s': expected a GID index from 0 to 255 (unset: "
+                     "chosen automatically)",
+                     env);
+            return -2;
+        }
+        forced = v;
+    }
     if (forced >= 0) {
         char t[32];
-        if (forced >= ctx->pattr.gid_tbl_len ||
-            ctx->f.query_gid(ctx->dev, ctx->port, (int)forced, &ctx->gid) != 0) {
-            snprintf(why, len, "XCCL_IB_GID_INDEX=%" PRId64 ": no such GID on %s port %u "
-                     "(table of %d)", forced, ctx->dev_name, ctx->port, ctx->pattr.gid_tbl_len);
-            return -1;
+        int  zero = 1;
+        if (forced < ctx->pattr.gid_tbl_len &&
+            ctx->f.query_gid(ctx->dev, ctx->port, (int)forced, &ctx->gid) == 0) {
+            for (int k = 0; k < 16; k++)
+                zero &= ctx->gid.raw[k] == 0;
+        }
+        if (zero) {
+            snprintf(why, len,
+                     "XCCL_IB_GID_INDEX=%" PRId64 ": %s port %u has no GID there "
+                     "(table of %d entries; ibv_devinfo -v lists them)",
+                     forced, ctx->dev_name, ctx->port, ctx->pattr.gid_tbl_len);
+            return -2;
         }
         ib_gid_type(ctx->dev_name, ctx->port, (int)forced, t, sizeof(t));
         ctx->gid_index = (int)forced;
@@ -1190,21 +1257,28 @@ static int ib_pick_gid(xccl_tp_ctx_t *ctx, char *why, size_t len)
         char          t[32];
         int           rank, zero = 1, v4, ll;
         if (ctx->f.query_gid(ctx->dev, ctx->port, i, &g) != 0) continue;
-        for (int k = 0; k < 16; k++) zero &= g.raw[k] == 0;
+        for (int k = 0; k < 16; k++)
+            zero &= g.raw[k] == 0;
         if (zero) continue;
         ib_gid_type(ctx->dev_name, ctx->port, i, t, sizeof(t));
         v4 = g.raw[10] == 0xff && g.raw[11] == 0xff;
-        for (int k = 0; k < 10; k++) v4 &= g.raw[k] == 0;
+        for (int k = 0; k < 10; k++)
+            v4 &= g.raw[k] == 0;
         ll = g.raw[0] == 0xfe && (g.raw[1] & 0xc0) == 0x80;
-        if (strcmp(t, "RoCE v2") == 0) rank = v4 ? 5 : ll ? 4 : 3;
-        else if (t[0] != '\0') rank = 2; /* "IB/RoCE v1" */
-        else rank = 1;                   /* no sysfs type (old kernel): the first one */
+        if (strcmp(t, "RoCE v2") == 0)
+            rank = v4 ? 5 : ll ? 4 : 3;
+        else if (t[0] != '\0')
+            rank = 2; /* "IB/RoCE v1" */
+        else
+            rank = 1; /* no sysfs type (old kernel): the first one */
         if (rank > best_rank) {
             best_rank = rank;
             best      = i;
             ctx->gid  = g;
             snprintf(ctx->gid_kind, sizeof(ctx->gid_kind), "%s%s", t[0] ? t : "type unknown",
-                     rank == 5 ? ", IPv4" : rank == 4 ? ", link-local" : "");
+                     rank == 5   ? ", IPv4"
+                     : rank == 4 ? ", link-local"
+                                 : "");
         }
     }
     if (best < 0) {
@@ -1243,8 +1317,8 @@ static int ib_open_port(xccl_tp_ctx_t *ctx, char *why, size_t len)
         struct ibv_device_attr da;
         if (c == NULL) {
             size_t sl = strlen(seen);
-            snprintf(seen + sl, sizeof(seen) - sl, "%s%s (cannot open: %s)", sl ? ", " : "",
-                     name, strerror(errno));
+            snprintf(seen + sl, sizeof(seen) - sl, "%s%s (cannot open: %s)", sl ? ", " : "", name,
+                     strerror(errno));
             continue;
         }
         if (ctx->f.query_device(c, &da) != 0) {
@@ -1291,9 +1365,12 @@ static void ib_finalize(xccl_tp_ctx_t *ctx)
             ib_send_t *q;
             ib_rdv_t  *rd;
             if (p->qp != NULL) (void)ctx->f.destroy_qp(p->qp);
-            while ((q = ib_q_pop(&p->fq_head, &p->fq_tail)) != NULL) free(q);
-            while ((q = ib_q_pop(&p->sq_head, &p->sq_tail)) != NULL) free(q);
-            while ((q = ib_q_pop(&p->rts_head, &p->rts_tail)) != NULL) free(q);
+            while ((q = ib_q_pop(&p->fq_head, &p->fq_tail)) != NULL)
+                free(q);
+            while ((q = ib_q_pop(&p->sq_head, &p->sq_tail)) != NULL)
+                free(q);
+            while ((q = ib_q_pop(&p->rts_head, &p->rts_tail)) != NULL)
+                free(q);
             while ((rd = p->rd_head) != NULL) {
                 p->rd_head = rd->next;
                 free(rd);
@@ -1382,15 +1459,19 @@ static xccl_status_t ib_init(const xccl_tp_init_params_t *params, xccl_tp_ctx_t 
         return xccl_error_set(XCCL_ERR_NOT_SUPPORTED, "%s", why);
     }
     if (ctx->pattr.link_layer == IBV_LINK_LAYER_ETHERNET) {
-        if (ib_pick_gid(ctx, why, sizeof(why)) != 0) {
+        rc = ib_pick_gid(ctx, why, sizeof(why));
+        if (rc != 0) {
             ib_finalize(ctx);
+            if (rc == -2) return XCCL_ERROR(XCCL_ERR_INVALID_ARG, "ibverbs: %s", why);
             return xccl_error_set(XCCL_ERR_NOT_SUPPORTED, "%s", why);
         }
     } else {
         ctx->gid_index = -1;
         if (ctx->pattr.lid == 0) {
-            snprintf(why, sizeof(why), "%s port %u (InfiniBand) has no LID yet (no subnet "
-                     "manager?)", ctx->dev_name, ctx->port);
+            snprintf(why, sizeof(why),
+                     "%s port %u (InfiniBand) has no LID yet (no subnet "
+                     "manager?)",
+                     ctx->dev_name, ctx->port);
             ib_finalize(ctx);
             return xccl_error_set(XCCL_ERR_NOT_SUPPORTED, "%s", why);
         }
@@ -1499,8 +1580,10 @@ static void ib_missing(xccl_tp_ctx_t *ctx, const uint8_t *use, int first, int pa
         void  *v = NULL;
         size_t vl;
         if (r == ctx->rank || !use[r]) continue;
-        if (pair) snprintf(key, sizeof(key), "%d-%d", r, ctx->rank);
-        else snprintf(key, sizeof(key), "ready/%d", r);
+        if (pair)
+            snprintf(key, sizeof(key), "%d-%d", r, ctx->rank);
+        else
+            snprintf(key, sizeof(key), "ready/%d", r);
         if (ctx->kv->get(ctx->kv->core, key, 0, &v, &vl) == XCCL_OK) {
             free(v);
             continue;
@@ -1579,21 +1662,21 @@ static xccl_status_t ib_qp_connect(xccl_tp_ctx_t *ctx, int peer, const ib_conn_t
                           IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
                               IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
     if (rc != 0)
-        return XCCL_ERROR(XCCL_ERR_SYSTEM, "ibverbs: rank %d: QP for rank %d to RTR: %s",
-                          ctx->rank, peer, strerror(rc));
+        return XCCL_ERROR(XCCL_ERR_SYSTEM, "ibverbs: rank %d: QP for rank %d to RTR: %s", ctx->rank,
+                          peer, strerror(rc));
     memset(&a, 0, sizeof(a));
     a.qp_state      = IBV_QPS_RTS;
     a.timeout       = (uint8_t)ctx->timeout;
     a.retry_cnt     = (uint8_t)ctx->retry_cnt;
     a.rnr_retry     = 7;
     a.sq_psn        = psn;
-    a.max_rd_atomic = (uint8_t)ctx->max_reads;
+    a.max_rd_atomic = (uint8_t)p->max_reads;
     rc = ctx->f.modify_qp(p->qp, &a,
                           IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
                               IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
     if (rc != 0)
-        return XCCL_ERROR(XCCL_ERR_SYSTEM, "ibverbs: rank %d: QP for rank %d to RTS: %s",
-                          ctx->rank, peer, strerror(rc));
+        return XCCL_ERROR(XCCL_ERR_SYSTEM, "ibverbs: rank %d: QP for rank %d to RTS: %s", ctx->rank,
+                          peer, strerror(rc));
     return XCCL_OK;
 }
 
@@ -1601,9 +1684,9 @@ static xccl_status_t ib_wireup(xccl_tp_ctx_t *ctx, const void *const *addrs, con
                                const uint8_t *use, int64_t timeout_ms)
 {
     int64_t       deadline = xccl_now_ms() + (timeout_ms > 0 ? timeout_ms : 0);
-    int           nused = 0, ncqe;
-    uint32_t     *psn = NULL;
-    xccl_status_t st = XCCL_OK;
+    int           nused    = 0, ncqe;
+    uint32_t     *psn      = NULL;
+    xccl_status_t st       = XCCL_OK;
     size_t        per_peer;
     char          key[64], miss[256];
 
@@ -1618,14 +1701,15 @@ static xccl_status_t ib_wireup(xccl_tp_ctx_t *ctx, const void *const *addrs, con
             a.rank != (uint32_t)r)
             return XCCL_ERROR(XCCL_ERR_REMOTE,
                               "ibverbs: rank %d: address blob of rank %d is from another "
-                              "version or job", ctx->rank, r);
+                              "version or job",
+                              ctx->rank, r);
         if (a.link_layer != ctx->pattr.link_layer)
             return XCCL_ERROR(XCCL_ERR_NOT_SUPPORTED,
                               "ibverbs: rank %d (%s, %s) cannot reach rank %d (%s, %s): "
                               "InfiniBand and RoCE do not meet",
                               ctx->rank, ctx->dev_name,
-                              ctx->pattr.link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "IB",
-                              r, a.dev, a.link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "IB");
+                              ctx->pattr.link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "IB", r,
+                              a.dev, a.link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "IB");
         a.dev[sizeof(a.dev) - 1] = '\0';
         ctx->peers[r].addr       = a;
         nused++;
@@ -1666,27 +1750,30 @@ static xccl_status_t ib_wireup(xccl_tp_ctx_t *ctx, const void *const *addrs, con
                 st = XCCL_ERROR(XCCL_ERR_NO_MEMORY, "ibverbs: wireup: out of memory");
                 goto out;
             }
-            for (int i = 0; i < ctx->nsslots; i++) p->sfree[i] = (uint32_t)(ctx->nsslots - 1 - i);
+            for (int i = 0; i < ctx->nsslots; i++)
+                p->sfree[i] = (uint32_t)(ctx->nsslots - 1 - i);
             p->nsfree  = ctx->nsslots;
             p->credits = ctx->depth;
             XCCL_CHECK_GOTO(xccl_random_bytes(&psn[r], sizeof(psn[r])), st, out);
             psn[r] &= 0xffffff;
             XCCL_CHECK_GOTO(ib_qp_create(ctx, r), st, out);
             memset(&c, 0, sizeof(c));
-            c.magic  = IB_MAGIC;
-            c.from   = (uint32_t)ctx->rank;
-            c.to     = (uint32_t)r;
-            c.qpn    = p->qp->qp_num;
-            c.psn    = psn[r];
-            c.depth  = (uint32_t)ctx->depth;
-            c.job_id = ctx->job_id;
+            c.magic       = IB_MAGIC;
+            c.from        = (uint32_t)ctx->rank;
+            c.to          = (uint32_t)r;
+            c.qpn         = p->qp->qp_num;
+            c.psn         = psn[r];
+            c.depth       = (uint32_t)ctx->depth;
+            c.eager_bytes = (uint32_t)ctx->eager_bytes;
+            c.reads       = (uint32_t)ctx->max_reads;
+            c.job_id      = ctx->job_id;
             snprintf(key, sizeof(key), "%d-%d", ctx->rank, r);
             XCCL_CHECK_GOTO(ctx->kv->put(ctx->kv->core, key, &c, sizeof(c)), st, out);
         }
     }
     /* the peers' halves: RTR, RTS */
     for (int r = 0; r < ctx->size; r++) {
-        void     *v = NULL;
+        void     *v  = NULL;
         size_t    vl = 0;
         ib_conn_t c;
         if (r == ctx->rank || !use[r]) continue;
@@ -1696,8 +1783,8 @@ static xccl_status_t ib_wireup(xccl_tp_ctx_t *ctx, const void *const *addrs, con
             ib_missing(ctx, use, r, 1, miss, sizeof(miss));
             st = XCCL_ERROR(XCCL_ERR_TIMEOUT,
                             "ibverbs: rank %d: wire-up timed out after %.1f s: no connection "
-                            "data from rank(s) %s", ctx->rank, (double)timeout_ms / 1000.0,
-                            miss[0] ? miss : "?");
+                            "data from rank(s) %s",
+                            ctx->rank, (double)timeout_ms / 1000.0, miss[0] ? miss : "?");
             goto out;
         }
         if (st < 0) goto out;
@@ -1710,13 +1797,22 @@ static xccl_status_t ib_wireup(xccl_tp_ctx_t *ctx, const void *const *addrs, con
         memcpy(&c, v, sizeof(c));
         free(v);
         if (c.magic != IB_MAGIC || c.from != (uint32_t)r || c.to != (uint32_t)ctx->rank ||
-            c.job_id != ctx->job_id || c.depth != (uint32_t)ctx->depth) {
+            c.job_id != ctx->job_id) {
             st = XCCL_ERROR(XCCL_ERR_REMOTE,
-                            "ibverbs: rank %d: connection data from rank %d does not match "
-                            "(another job, or XCCL_IB_RECV_DEPTH differs: %u here, %u there)",
-                            ctx->rank, r, (unsigned)ctx->depth, (unsigned)c.depth);
+                            "ibverbs: rank %d: connection data from rank %d is from another job",
+                            ctx->rank, r);
             goto out;
         }
+        if (c.depth != (uint32_t)ctx->depth || c.eager_bytes != (uint32_t)ctx->eager_bytes) {
+            st = XCCL_ERROR(XCCL_ERR_INVALID_ARG,
+                            "ibverbs: rank %d: XCCL_IB_RECV_DEPTH / XCCL_IB_EAGER_BYTES must be "
+                            "the same on every rank: %u / %u here, %u / %u on rank %d",
+                            ctx->rank, (unsigned)ctx->depth, (unsigned)ctx->eager_bytes,
+                            (unsigned)c.depth, (unsigned)c.eager_bytes, r);
+            goto out;
+        }
+        ctx->peers[r].max_reads = (int)c.reads < ctx->max_reads ? (int)c.reads : ctx->max_reads;
+        if (ctx->peers[r].max_reads < 1) ctx->peers[r].max_reads = 1;
         XCCL_CHECK_GOTO(ib_qp_connect(ctx, r, &c, psn[r]), st, out);
     }
     /* every peer's QP towards this rank in RTR before anyone sends */
@@ -1733,8 +1829,8 @@ static xccl_status_t ib_wireup(xccl_tp_ctx_t *ctx, const void *const *addrs, con
             ib_missing(ctx, use, r, 0, miss, sizeof(miss));
             st = XCCL_ERROR(XCCL_ERR_TIMEOUT,
                             "ibverbs: rank %d: wire-up timed out after %.1f s: rank(s) %s did "
-                            "not bring their queue pairs up", ctx->rank,
-                            (double)timeout_ms / 1000.0, miss[0] ? miss : "?");
+                            "not bring their queue pairs up",
+                            ctx->rank, (double)timeout_ms / 1000.0, miss[0] ? miss : "?");
             goto out;
         }
         if (st < 0) goto out;
@@ -1767,8 +1863,8 @@ const xccl_transport_ops_t xccl_transport_ibverbs = {
     .mem_reg     = ib_mem_reg,
     .mem_dereg   = ib_mem_dereg,
     /* a 100 Gb/s NIC: ~3 us per message (post, wire, completion), ~10 GB/s */
-    .alpha       = 3e-6,
-    .beta        = 1.0 / 10e9,
+    .alpha = 3e-6,
+    .beta  = 1.0 / 10e9,
 };
 
 #endif /* IB_BUILD */

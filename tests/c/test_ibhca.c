@@ -93,7 +93,8 @@ int main(void)
             "longer than");
     {
         char many[512] = "";
-        for (int i = 0; i < XCCL_IB_HCA_MAX + 1; i++) strcat(many, i ? ",d" : "d");
+        for (int i = 0; i < XCCL_IB_HCA_MAX + 1; i++)
+            strcat(many, i ? ",d" : "d");
         refused(many, "more than");
     }
     CTEST_MAIN_END("test_ibhca");

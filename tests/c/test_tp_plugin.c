@@ -30,15 +30,28 @@ struct xccl_tp_ctx {
 /* Bumped by the progress thread (under the context's lock) and read by the test's thread:
  * atomic. */
 static struct {
-    _Atomic int      inits, finalizes, wireups;
+    _Atomic int      inits, finalizes, wireups, kv_ok;
     _Atomic uint64_t sends, send_bytes, progress;
 } cnt;
+
+/* The store's view (ABI 5), valid from init until wireup returns. */
+static const xccl_tp_kv_t *kv;
+static int                 kv_rank, kv_size;
 
 static xccl_status_t w_init(const xccl_tp_init_params_t *params, xccl_tp_ctx_t **out)
 {
     xccl_status_t st = tpw_init(params, out, sizeof(xccl_tp_ctx_t), "tcp", NULL);
+    char          key[32];
+    int32_t       v = params->rank * 1000 + 7;
 
     if (st == XCCL_OK) cnt.inits++;
+    /* publish a per-rank record through the store's view, read back in wireup */
+    kv      = params->kv;
+    kv_rank = params->rank;
+    kv_size = params->size;
+    CHECK(kv != NULL);
+    snprintf(key, sizeof(key), "hello/%d", params->rank);
+    if (kv != NULL) CHECK(kv->put(kv->core, key, &v, sizeof(v)) == XCCL_OK);
     return st;
 }
 
@@ -52,6 +65,27 @@ static xccl_status_t w_wireup(xccl_tp_ctx_t *c, const void *const *addrs, const 
                               const uint8_t *use, int64_t timeout_ms)
 {
     cnt.wireups++;
+    for (int p = 0; kv != NULL && p < kv_size; p++) {
+        char    key[32];
+        void   *v = NULL;
+        size_t  len = 0;
+        int32_t x   = -1;
+        if (p == kv_rank) continue;
+        snprintf(key, sizeof(key), "hello/%d", p);
+        if (kv->get(kv->core, key, timeout_ms, &v, &len) == XCCL_OK && len == sizeof(x)) {
+            memcpy(&x, v, sizeof(x));
+            if (x == p * 1000 + 7) cnt.kv_ok++;
+        }
+        free(v);
+    }
+    /* a key nobody wrote: a timeout, not a hang (0: test once) */
+    if (kv != NULL) {
+        void  *v = NULL;
+        size_t len;
+        CHECK(kv->get(kv->core, "never/written", 0, &v, &len) == XCCL_ERR_TIMEOUT);
+        free(v);
+    }
+    kv = NULL; /* not valid after wireup */
     return tpw_wireup(c, addrs, lens, use, timeout_ms);
 }
 
@@ -128,9 +162,19 @@ static int child(int rank, int size, void *unused)
     cfg.auth_key_len = 13;
     cfg.name         = "plugin";
     CHECK(xccl_comm_create(&cfg, &c) == XCCL_OK);
+    {
+        /* the transport's keys live under the context's prefix and its own name */
+        void  *v = NULL;
+        size_t len;
+        char   key[64];
+        snprintf(key, sizeof(key), "xccl/g0/tp/wtcp/hello/%d", rank);
+        CHECK(xccl_store_get(store, key, 0, &v, &len) == XCCL_OK && len == 4);
+        free(v);
+    }
     xccl_store_release(store);
     if (c == NULL) return 1;
     CHECK(cnt.inits == 1 && cnt.wireups == 1);
+    CHECK(cnt.kv_ok == size - 1);
     for (int p = 0; p < size; p++)
         CHECK(strcmp(xccl_comm_peer_transport(c, p), p == rank ? "self" : "wtcp") == 0);
 
