@@ -10,6 +10,7 @@ import os
 import sys
 
 import numpy as np
+import pytest
 from harness import run_spmd
 from rdma_common import TRANSPORT, needs_transport
 
@@ -90,6 +91,7 @@ def body_two_hosts(rank, world_size, store_path, hosts):
     return algos, chk.algos
 
 
+@pytest.mark.timeout(900)
 def test_two_hosts(tmp_path):
     hosts = ["a", "a", "b", "b"]
     res = run_spmd(body_two_hosts, 4, str(tmp_path / "store"), hosts, init=False, timeout=900,
