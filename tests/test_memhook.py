@@ -70,7 +70,7 @@ PRELUDE = textwrap.dedent(
         assert rid >= 0, "registration failed"
         return rid
 
-    # the hooks start at a cache's first lookup
+    # the hooks start at the cache's first lookup (a context starts them at wire-up)
     first = ctypes.create_string_buffer(64)
     use(ctypes.addressof(first), 64)
     slots, objects, events = ctypes.c_int(), ctypes.c_int(), ctypes.c_ulonglong()

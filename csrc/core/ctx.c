@@ -525,6 +525,10 @@ xccl_status_t xccl_ctx_create(const xccl_comm_config_t *cfg, xccl_ctx_t **out)
             if (ctx->peer_tp_mem[k] > i) ctx->peer_tp_mem[k]--;
         }
     }
+    /* the transports kept that register memory: their caches start watching it now */
+    for (int i = 0; i < ctx->ntp; i++) {
+        if (ctx->tp[i].rcache != NULL) xccl_rcache_watch_memory(ctx->tp[i].rcache);
+    }
     for (int i = 0; i < ctx->ntp; i++) {
         const void **addrs = calloc((size_t)cfg->size, sizeof(void *));
         size_t      *lens  = calloc((size_t)cfg->size, sizeof(size_t));

@@ -67,7 +67,7 @@ struct xccl_rcache {
     size_t                      max_idle, max_idle_bytes;
     uintptr_t                   page;
     int                         hooks; /* memory hooks active: host entries may stay idle */
-    int                         hooks_asked; /* xccl_memhook_start called (at the first lookup) */
+    int                         hooks_asked; /* xccl_rcache_watch_memory was called */
     xccl_memhook_cursor_t       cur;   /* the hooks' events read so far */
 };
 
@@ -256,6 +256,14 @@ static void sync_events(xccl_rcache_t *rc)
     }
 }
 
+void xccl_rcache_watch_memory(xccl_rcache_t *rc)
+{
+    if (rc->hooks_asked) return;
+    rc->hooks_asked = 1;
+    rc->hooks       = xccl_memhook_start();
+    if (rc->hooks) xccl_memhook_cursor_init(&rc->cur);
+}
+
 xccl_status_t xccl_rcache_get(xccl_rcache_t *rc, void *ptr, size_t nbytes, xccl_mem_type_t mem,
                               xccl_rreg_t **reg, void **mr)
 {
@@ -274,11 +282,7 @@ xccl_status_t xccl_rcache_get(xccl_rcache_t *rc, void *ptr, size_t nbytes, xccl_
         start &= ~(rc->page - 1);
         end = (end + rc->page - 1) & ~(rc->page - 1);
     }
-    if (!rc->hooks_asked) { /* not at creation: a context may drop the transport unused */
-        rc->hooks_asked = 1;
-        rc->hooks       = xccl_memhook_start();
-        if (rc->hooks) xccl_memhook_cursor_init(&rc->cur);
-    }
+    xccl_rcache_watch_memory(rc);
     if (rc->hooks) sync_events(rc);
     pos = idx_search(rc, start);
     if (pos < rc->n) {

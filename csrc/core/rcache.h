@@ -27,6 +27,11 @@ xccl_status_t xccl_rcache_new(const xccl_transport_ops_t *ops, xccl_tp_ctx_t *tc
                               xccl_rcache_t **out);
 /* Deregisters everything (no reference may be held any more) and frees the cache. */
 void          xccl_rcache_free(xccl_rcache_t *rc);
+/* Starts the memory hooks (memhook.h) for this cache, once; the first lookup does it too. A
+ * context calls it as soon as it knows it keeps the transport (not at creation: a transport that
+ * serves no peer is dropped, and patching the process for it would be for nothing), before the
+ * program gets to take function pointers (ctypes) that the hooks should still see. */
+void          xccl_rcache_watch_memory(xccl_rcache_t *rc);
 /* A registration covering [ptr, ptr + nbytes) of memory type mem: *mr is the transport's handle
  * to put in xccl_tp_buf_t.mr, *reg the reference to give back with xccl_rcache_put. */
 xccl_status_t xccl_rcache_get(xccl_rcache_t *rc, void *ptr, size_t nbytes, xccl_mem_type_t mem,

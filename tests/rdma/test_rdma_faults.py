@@ -1,6 +1,7 @@
 """A peer killed (SIGKILL) in the middle of a training-style loop and in the middle of a large
-transfer over the RDMA transport: every other rank raises a named xccl error that names the dead
-rank, within the operation timeout; nothing hangs; every process of the job ends."""
+transfer over the RDMA transport, and a port going down under a running loop: every other rank
+raises a named xccl error that names the dead rank (or the device), within the operation
+timeout; nothing hangs; every process of the job ends."""
 
 from __future__ import annotations
 
@@ -13,24 +14,32 @@ import time
 import numpy as np
 import pytest
 from harness import run_spmd
-from rdma_common import env, needs_transport
+from rdma_common import env, needs_ibverbs, needs_transport, rdma_devices
 
 pytestmark = needs_transport
 
-PG_TIMEOUT = 30.0  # s; generous: the VM is emulated and shares 2 cores
+PG_TIMEOUT = 15.0  # s; generous for an emulated VM (no healthy operation here takes 2 s)
 NAMED = ("XcclConnectionError", "XcclTimeoutError", "XcclError")
 
 
 def body_killed_in_loop(rank, world_size, nbytes):
     import xccl
 
-    victim = world_size - 1
+    def fault(step):
+        if rank == world_size - 1 and step == 3:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return _all_reduce_until_error(xccl, world_size, nbytes, fault)
+
+
+def _all_reduce_until_error(xccl, world_size, nbytes, fault):
+    """all_reduce of nbytes, checked, until one raises; fault(step) runs before each step.
+    Returns the error's message and type, how long the failing call took, and its step."""
     x = np.ones(nbytes // 4, np.float32)
     t0 = time.monotonic()
     try:
-        for step in range(1000):
-            if rank == victim and step == 3:
-                os.kill(os.getpid(), signal.SIGKILL)
+        for step in range(100000):
+            fault(step)
             t0 = time.monotonic()
             x[:] = 1
             xccl.all_reduce(x)
@@ -105,3 +114,47 @@ def test_launcher_job_with_a_killed_rank_ends(tmp_path):
     assert proc.returncode == 128 + signal.SIGKILL, (proc.returncode, proc.stderr[-2000:])
     assert "rank 1" in proc.stderr, proc.stderr[-2000:]
     assert time.monotonic() - t0 < 150
+
+
+def _port_state(device: str) -> str:
+    with open(f"/sys/class/infiniband/{device}/ports/1/state") as f:
+        return f.read().strip()  # e.g. "4: ACTIVE"
+
+
+def body_port_down(rank, world_size, netdev):
+    import xccl
+
+    def fault(step):
+        if rank == 0 and step == 5:
+            subprocess.run(["ip", "link", "set", netdev, "down"], check=True)
+
+    return _all_reduce_until_error(xccl, world_size, 1 << 18, fault)
+
+
+@needs_ibverbs
+def test_port_going_down_mid_loop():
+    """The link under rxe1 goes down while 2 ranks on rxe1 loop over all_reduce: the port
+    leaves ACTIVE (an asynchronous port event on one rank, a failed send naming the port's
+    state on the other): every rank raises a named error within the operation timeout; the
+    link comes back up afterwards."""
+    device, netdev = "rxe1", "dummy1"
+    if device not in rdma_devices():
+        pytest.skip("needs a second soft-RoCE device (run-in-vm.sh -d 2, the default)")
+    assert "ACTIVE" in _port_state(device)
+    try:
+        res = run_spmd(body_port_down, 2, netdev, env=env(XCCL_IB_HCA=f"={device}"),
+                       timeout=180, pg_timeout=PG_TIMEOUT)
+    finally:
+        subprocess.run(["ip", "link", "set", netdev, "up"], check=True)
+        for _ in range(100):
+            if "ACTIVE" in _port_state(device):
+                break
+            time.sleep(0.1)
+    for rank, (msg, kind, waited, step) in enumerate(res):
+        assert kind == "XcclConnectionError", (rank, kind, msg)
+        assert step >= 4, (rank, step)  # collectives ran before the link went down
+        assert waited < PG_TIMEOUT + 10, (rank, waited, msg)
+        # the error names the device and the peer the connection to which broke
+        assert f"ibverbs ({device} port 1)" in msg and f"rank {1 - rank}" in msg, (rank, msg)
+        assert "port error" in msg or "is DOWN" in msg, (rank, msg)
+    assert "ACTIVE" in _port_state(device)
