@@ -158,3 +158,19 @@ def test_port_going_down_mid_loop():
         assert f"ibverbs ({device} port 1)" in msg and f"rank {1 - rank}" in msg, (rank, msg)
         assert "port error" in msg or "is DOWN" in msg, (rank, msg)
     assert "ACTIVE" in _port_state(device)
+
+
+def test_mismatch_and_stall_named_over_rdma():
+    """The core's mismatch detection and hang diagnosis work over RDMA as over TCP (the bodies
+    of tests/test_failures.py): a collective mismatch is named on every rank, one that moves no
+    data is found at once, and a peer that stops taking part is named at the timeout."""
+    from test_failures import body_mismatch, body_silent_mismatch, body_stalled_peer
+
+    for m in run_spmd(body_mismatch, 3, env=env(), timeout=120, pg_timeout=30):
+        assert "mismatch" in m and "all_reduce" in m and "broadcast" in m, m
+    for msg, waited in run_spmd(body_silent_mismatch, 2, env=env(), timeout=120, pg_timeout=30):
+        assert "mismatch" in msg and "reduce" in msg and "broadcast" in msg, msg
+        assert waited < 20, waited  # found by the check message, not by the 30 s timeout
+    msg, waited = run_spmd(body_stalled_peer, 2, env=env(), timeout=120, pg_timeout=3)[0]
+    assert "all_reduce" in msg and "timed out after 3.0 s" in msg and "rank 1" in msg, msg
+    assert 2.5 < waited < 20, waited
