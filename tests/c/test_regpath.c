@@ -677,11 +677,14 @@ static void freed_and_reused(xccl_comm_t *c, xccl_store_t *store)
               "a registration made before the buffers were freed is still live");
     CHECK(rt_live_over(s2, bytes, NULL) > 0);
     {
-        long s0 = rt_regs_over(s2, bytes), r0 = rt_regs_over(r2, bytes);
+        long s0 = rt_regs_over(s2, bytes), r0 = rt_regs_over(r2, bytes), r1;
         p2p_ring(c, s2, r2, n, 42); /* still valid: hits */
-        CHECK_MSG(rt_regs_over(s2, bytes) == s0 && rt_regs_over(r2, bytes) == r0,
+        r1 = rt_regs_over(r2, bytes);
+        /* a receive whose message came first was staged, not registered (timing): one that
+         * was registered before must hit, one that was not may be registered once now */
+        CHECK_MSG(rt_regs_over(s2, bytes) == s0 && r1 <= (r0 > 0 ? r0 : 1),
                   "valid buffers registered again: %ld -> %ld, %ld -> %ld", s0,
-                  rt_regs_over(s2, bytes), r0, rt_regs_over(r2, bytes));
+                  rt_regs_over(s2, bytes), r0, r1);
     }
     store_meet(store, size, "reuse-done");
     free(s2);
