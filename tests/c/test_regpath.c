@@ -677,14 +677,18 @@ static void freed_and_reused(xccl_comm_t *c, xccl_store_t *store)
               "a registration made before the buffers were freed is still live");
     CHECK(rt_live_over(s2, bytes, NULL) > 0);
     {
-        long s0 = rt_regs_over(s2, bytes), r0 = rt_regs_over(r2, bytes), r1;
-        p2p_ring(c, s2, r2, n, 42); /* still valid: hits */
+        long s0 = rt_regs_over(s2, bytes), r0 = rt_regs_over(r2, bytes), s1, r1;
+        for (int round = 0; round < 4; round++)
+            p2p_ring(c, s2, r2, n, 42 + round); /* still valid: hits */
+        s1 = rt_regs_over(s2, bytes);
         r1 = rt_regs_over(r2, bytes);
-        /* a receive whose message came first was staged, not registered (timing): one that
-         * was registered before must hit, one that was not may be registered once now */
-        CHECK_MSG(rt_regs_over(s2, bytes) == s0 && r1 <= (r0 > 0 ? r0 : 1),
-                  "valid buffers registered again: %ld -> %ld, %ld -> %ld", s0,
-                  rt_regs_over(s2, bytes), r0, r1);
+        /* Four more rounds add at most one registration per buffer: a receive whose message
+         * came first was staged, not registered (timing), and a registration merged with a
+         * neighbour's (buffers sharing a page) goes when memory of that neighbour is freed:
+         * conservative, once. A buffer registered again every round fails. */
+        CHECK_MSG(s1 <= s0 + 1 && r1 <= r0 + 1,
+                  "valid buffers registered again: %ld -> %ld, %ld -> %ld over 4 rounds", s0, s1,
+                  r0, r1);
     }
     store_meet(store, size, "reuse-done");
     free(s2);
