@@ -143,6 +143,15 @@ static int select_transports(const char *spec, const xccl_transport_ops_t **out)
     return n;
 }
 
+/* The error of a staged receive whose copy out of its host bounce buffer failed. */
+static xccl_status_t stage_out_failed(const xccl_req_t *r, xccl_status_t st)
+{
+    return XCCL_ERROR(st,
+                      "receive of %zu bytes from rank %d into %s memory: the copy out of the "
+                      "host staging buffer failed (%s)",
+                      r->received, r->src, xccl_mem_type_name(r->mem), xccl_status_string(st));
+}
+
 static void stage_drain(xccl_ctx_t *ctx);
 
 static void ctx_free(xccl_ctx_t *ctx)
@@ -1016,12 +1025,7 @@ static int copies_progress(xccl_ctx_t *ctx)
         if (r->sbuf != NULL) { /* a staged receive: the executor is done with the buffer */
             stage_put(ctx, r->sbuf);
             r->sbuf = NULL;
-            if (st < 0)
-                st = XCCL_ERROR(st,
-                                "receive of %zu bytes from rank %d into %s memory: the copy "
-                                "out of the host staging buffer failed (%s)",
-                                r->received, r->src, xccl_mem_type_name(r->mem),
-                                xccl_status_string(st));
+            if (st < 0) st = stage_out_failed(r, st);
         }
         req_complete(ctx, r, st);
         events++;
@@ -1224,12 +1228,7 @@ static void stage_recv_copy(xccl_ctx_t *ctx, xccl_req_t *r, xccl_status_t st)
             ctx->copies = r;
             return;
         }
-        if (st < 0)
-            st = XCCL_ERROR(st,
-                            "receive of %zu bytes from rank %d into %s memory: the copy out "
-                            "of the host staging buffer failed (%s)",
-                            r->received, r->src, xccl_mem_type_name(r->mem),
-                            xccl_status_string(st));
+        if (st < 0) st = stage_out_failed(r, st);
     }
     stage_put(ctx, r->sbuf);
     r->sbuf = NULL;
