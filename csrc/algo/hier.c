@@ -149,7 +149,7 @@ static xccl_coll_args_t phase_args(const xccl_coll_args_t *a, xccl_coll_t coll, 
 
 static void cost_add(xccl_cost_t *acc, const xccl_algo_t *a, int size, size_t nbytes)
 {
-    xccl_cost_t c = {0, 0, 0};
+    xccl_cost_t c = {0};
 
     if (size > 1) a->cost(size, nbytes, &c);
     acc->steps += c.steps;

@@ -86,27 +86,38 @@ const xccl_algo_t *xccl_algo_find(xccl_coll_t coll, const char *name)
 double xccl_algo_predict(const xccl_algo_t *a, const xccl_cost_model_t *m, int size,
                          size_t nbytes)
 {
-    xccl_cost_t c = {0, 0, 0};
+    xccl_cost_t c = {0};
 
     if (a->cost != NULL) a->cost(size, nbytes, &c);
-    return c.steps * m->alpha + c.bytes * m->beta + c.reduce_bytes * m->gamma;
+    return c.steps * m->alpha + c.bytes * m->beta + c.reduce_bytes * m->gamma +
+           c.copy_bytes * m->delta;
 }
 
 double xccl_algo_predict_args(const xccl_algo_t *a, const xccl_coll_args_t *args,
                               const xccl_cost_model_t *m, int size, size_t nbytes)
 {
-    xccl_cost_t intra = {0, 0, 0}, inter = {0, 0, 0};
+    xccl_cost_t intra = {0}, inter = {0};
 
     if (a->cost_topo == NULL || args->topo == NULL) return xccl_algo_predict(a, m, size, nbytes);
     a->cost_topo(args->topo, size, nbytes, &intra, &inter);
     return intra.steps * args->topo->intra.alpha + intra.bytes * args->topo->intra.beta +
-           intra.reduce_bytes * args->topo->intra.gamma + inter.steps * args->topo->inter.alpha +
-           inter.bytes * args->topo->inter.beta + inter.reduce_bytes * args->topo->inter.gamma;
+           intra.reduce_bytes * args->topo->intra.gamma +
+           intra.copy_bytes * args->topo->intra.delta + inter.steps * args->topo->inter.alpha +
+           inter.bytes * args->topo->inter.beta + inter.reduce_bytes * args->topo->inter.gamma +
+           inter.copy_bytes * args->topo->inter.delta;
+}
+
+/* No algorithm uses the node-shared segment yet. */
+static size_t shared_bytes(int size)
+{
+    (void)size;
+    return 0;
 }
 
 const xccl_algo_policy_t xccl_algo_policy = {
     .select  = xccl_algo_select_memo,
     .list    = xccl_algo_list,
     .find    = xccl_algo_find,
-    .predict = xccl_algo_predict_args,
+    .predict      = xccl_algo_predict_args,
+    .shared_bytes = shared_bytes,
 };

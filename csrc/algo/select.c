@@ -55,7 +55,7 @@ static char            env_error[512];
 static unsigned        env_gen; /* bumped by xccl_algo_reset_env: memoised choices go stale */
 
 /* Fallback when the caller has no model (the core passes its own, fitted per transport). */
-static const xccl_cost_model_t default_model = {20e-6, 1.0 / 2.0e9, 1.0 / 4.0e9};
+static const xccl_cost_model_t default_model = {20e-6, 1.0 / 2.0e9, 1.0 / 4.0e9, 1.0 / 8.0e9};
 
 /* Choices the α-β-γ model cannot make, because it has no term for them. They apply after
  * $XCCL_ALGO (whose rules win), not when "auto" asks for the model itself, and only to groups

@@ -10,7 +10,7 @@
 
 /* Defaults until measurements replace them: loopback TCP on a small VM (20 us per message,
  * 2 GB/s on the wire, 4 GB/s of local reduction). */
-static const xccl_cost_model_t default_model = {20e-6, 1.0 / 2.0e9, 1.0 / 4.0e9};
+static const xccl_cost_model_t default_model = {20e-6, 1.0 / 2.0e9, 1.0 / 4.0e9, 1.0 / 8.0e9};
 
 const xccl_cost_model_t *xccl_core_default_model(void) { return &default_model; }
 
@@ -74,7 +74,7 @@ static int explain_rows(const xccl_coll_args_t *args, int size, size_t nbytes,
     if (xccl_algo_policy.select(NULL, args, size, nbytes, m, NULL, &chosen) < 0) chosen = NULL;
     for (int i = 0; list[i] != NULL && k < max; i++, k++) {
         const xccl_algo_t *a    = list[i];
-        xccl_cost_t        cost = {0, 0, 0}, inter = {0, 0, 0};
+        xccl_cost_t        cost = {0}, inter = {0};
         xccl_algo_info_t  *o    = &out[k];
         memset(o, 0, sizeof(*o));
         snprintf(o->name, sizeof(o->name), "%s", a->name);

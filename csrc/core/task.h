@@ -92,12 +92,16 @@ static inline const char *xccl_coll_name(xccl_coll_t coll)
     return (unsigned)coll < XCCL_COLL_COUNT ? names[coll] : "?";
 }
 
-/* The α-β-γ model: a step costs alpha seconds, each byte sent beta seconds, each byte reduced
- * gamma seconds. The core takes α and β from the transports (defaults in explain.c). */
+/* The α-β-γ-δ model: a step costs alpha seconds, each byte sent beta seconds, each byte reduced
+ * gamma seconds, each byte a rank copies through memory itself (shared-memory algorithms: a
+ * memcpy or a cross-memory-attach read, counted once per byte copied) delta seconds. The core
+ * takes α and β from the transports (defaults in explain.c); a tuning table replaces all four
+ * with values fitted on the machine. */
 typedef struct xccl_cost_model {
     double alpha;
     double beta;
     double gamma;
+    double delta;
 } xccl_cost_model_t;
 
 /* Where the ranks of a communicator live, for two-level algorithms: node_of[r] in [0, nnodes)
@@ -112,6 +116,7 @@ typedef struct xccl_topo {
     xccl_cost_model_t intra, inter;
     int               pull;
     int               scarce;
+    unsigned          shared; /* XCCL_SHARED_* bits: see "Node-shared memory" below         */
 } xccl_topo_t;
 
 typedef struct xccl_coll_args {
@@ -193,6 +198,7 @@ typedef struct xccl_cost {
     double steps;
     double bytes;
     double reduce_bytes;
+    double copy_bytes; /* bytes this rank copies through memory itself (priced with delta) */
 } xccl_cost_t;
 
 struct xccl_algo {
@@ -213,6 +219,68 @@ struct xccl_algo {
     void (*cost_topo)(const xccl_topo_t *topo, int size, size_t nbytes, xccl_cost_t *intra,
                       xccl_cost_t *inter);
 };
+
+/* ---------------------------------------------------------------------------------------------
+ * Node-shared memory: algorithms built for the ranks of one host (csrc/algo/shm.c).
+ *
+ * A communicator whose ranks all run on one host and map shared memory with one another has
+ * topo->shared & XCCL_SHARED_SEG set (identical on every rank; the core decides it from data
+ * every rank holds, e.g. XCCL_SHARED=0 in the environment of every rank turns it off). Such a
+ * communicator owns one segment of xccl_algo_policy.shared_bytes(size) bytes, mapped by every
+ * member (at different addresses), zero-filled when created, the same layout everywhere. The
+ * core creates, maps and removes it (no file is left behind, also after killed ranks); its
+ * layout belongs to the algorithms. XCCL_SHARED_CMA is set too when xccl_task_peer_read works
+ * between every pair of members (cross-memory attach: same user, same pid namespace, allowed
+ * by ptrace policy).
+ *
+ * Ownership: an algorithm that uses the segment calls xccl_task_shared from progress before it
+ * touches the segment. The core hands the segment to one task of the communicator at a time,
+ * in the communicator's sequence order: XCCL_INPROGRESS means "not yet" (the segment is being
+ * created or attached, or an earlier collective of this communicator still holds it; return
+ * XCCL_INPROGRESS and call again). Once granted (XCCL_OK), later calls of the same task return
+ * XCCL_OK at once with the same description, and the task holds the segment until it
+ * completes. `epoch` is 1 for the first collective of the communicator that is granted the
+ * segment, 2 for the next, ...: identical on every rank for the same collective, so algorithms
+ * stamp flags with it and never need to reset them. Sub-tasks are never granted one
+ * (XCCL_ERR_NOT_SUPPORTED). A rank may be granted epoch e while a peer still finishes epoch
+ * e - 1 (it may still read this rank's slots or buffers of e - 1): the algorithms' protocol
+ * must cover that (e.g. "done" counters per rank).
+ *
+ * Waiting on memory: progress may return XCCL_INPROGRESS with no request pending because a
+ * flag in the segment is not set yet; before it does, it calls xccl_task_shared_wait naming the
+ * rank whose write it waits for (-1: several). The core then polls the task again and again
+ * (yielding the CPU when ranks outnumber CPUs), sleeps only on the segment's doorbell (which
+ * xccl_task_shared_signal rings), and names that rank when the operation times out. An
+ * algorithm calls xccl_task_shared_signal after it published writes that others may be waiting
+ * for (release stores of its flags); it costs one atomic load while nobody sleeps.
+ *
+ * Memory order: flags are C11 atomics in the segment; writers publish with release stores,
+ * readers check with acquire loads. The core adds no fences of its own.
+ * ------------------------------------------------------------------------------------------- */
+enum {
+    XCCL_SHARED_SEG = 1u << 0, /* a shared segment (xccl_task_shared)                           */
+    XCCL_SHARED_CMA = 1u << 1, /* xccl_task_peer_read between every pair                        */
+};
+
+typedef struct xccl_shared {
+    unsigned char *base;  /* this rank's mapping of the segment (page aligned)                */
+    size_t         bytes; /* xccl_algo_policy.shared_bytes(size)                               */
+    uint64_t       epoch; /* 1, 2, ...: which shared collective of the communicator this is   */
+} xccl_shared_t;
+
+xccl_status_t xccl_task_shared(xccl_task_t *t, xccl_shared_t *out);
+/* The task is about to return XCCL_INPROGRESS until `peer` (a rank of the task; -1: several)
+ * writes the segment. */
+void          xccl_task_shared_wait(xccl_task_t *t, int peer);
+/* Wakes ranks sleeping on the segment's doorbell (after this rank's flag writes). */
+void          xccl_task_shared_signal(xccl_task_t *t);
+/* Copies nbytes from address `src` in the address space of `peer` (a rank of the task) to dst
+ * in this process, now (it returns when the bytes are in place; it may take a while for large
+ * copies, so algorithms pipeline in chunks). Host memory only; requires topo->shared &
+ * XCCL_SHARED_CMA. Recorded in traces like a receive from peer. XCCL_OK, or an error naming the
+ * peer and the system's reason (the peer exited: XCCL_ERR_CONNECTION). */
+xccl_status_t xccl_task_peer_read(xccl_task_t *t, int peer, void *dst, const void *src,
+                                  size_t nbytes);
 
 /* ---------------------------------------------------------------------------------------------
  * Selection policy: the core asks it which algorithm runs a call and what algorithms exist;
@@ -248,6 +316,8 @@ typedef struct xccl_algo_policy {
     /* Predicted seconds of `a` for the arguments (args->topo prices two-level algorithms). */
     double (*predict)(const xccl_algo_t *a, const xccl_coll_args_t *args,
                       const xccl_cost_model_t *m, int size, size_t nbytes);
+    /* Bytes of the node-shared segment a communicator of `size` ranks needs (0: none). */
+    size_t (*shared_bytes)(int size);
 } xccl_algo_policy_t;
 
 extern const xccl_algo_policy_t xccl_algo_policy;

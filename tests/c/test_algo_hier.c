@@ -222,8 +222,8 @@ static void check_hier_rs(int n, layout_t l, size_t count, xccl_dtype_t dt)
 
     topo.nnodes  = make_layout(l, n, node_of);
     topo.node_of = node_of;
-    topo.intra   = (xccl_cost_model_t){1e-6, 1.0 / 5e9, 1.0 / 4e9};
-    topo.inter   = (xccl_cost_model_t){50e-6, 1.0 / 1e9, 1.0 / 4e9};
+    topo.intra   = (xccl_cost_model_t){1e-6, 1.0 / 5e9, 1.0 / 4e9, 0};
+    topo.inter   = (xccl_cost_model_t){50e-6, 1.0 / 1e9, 1.0 / 4e9, 0};
     H            = topo.nnodes;
     L            = n / H;
     snprintf(what, sizeof(what), "all_reduce hier_rs n=%d (%s, %d nodes) count=%zu %s", n,
@@ -327,8 +327,8 @@ static void test_selection(void)
         node_of[r] = r / 4;
     topo.nnodes  = 2;
     topo.node_of = node_of;
-    topo.intra   = (xccl_cost_model_t){1e-6, 1.0 / 5e9, 1.0 / 4e9};
-    topo.inter   = (xccl_cost_model_t){100e-6, 1.0 / 1e9, 1.0 / 4e9};
+    topo.intra   = (xccl_cost_model_t){1e-6, 1.0 / 5e9, 1.0 / 4e9, 0};
+    topo.inter   = (xccl_cost_model_t){100e-6, 1.0 / 1e9, 1.0 / 4e9, 0};
     args.coll    = XCCL_COLL_ALLREDUCE;
     args.count   = 2;
     args.dtype   = XCCL_FLOAT32;

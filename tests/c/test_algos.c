@@ -180,7 +180,7 @@ static int run(const xccl_algo_t *algo, int n, const xccl_coll_args_t *args, sim
 
 static xccl_cost_t cost_of(const xccl_algo_t *algo, int n, size_t nbytes)
 {
-    xccl_cost_t c = {0, 0, 0};
+    xccl_cost_t c = {0};
     algo->cost(n, nbytes, &c);
     return c;
 }
@@ -1278,7 +1278,7 @@ static void test_registry(void)
     CHECK(xccl_algo_list(XCCL_COLL_COUNT)[0] == NULL);
     CHECK(xccl_algo_find(XCCL_COLL_ALLREDUCE, "rabenseifner") == &xccl_algo_allreduce_rabenseifner);
     {
-        xccl_cost_model_t m = {1, 2, 3};
+        xccl_cost_model_t m = {1, 2, 3, 0};
         xccl_cost_t       c;
         xccl_algo_allreduce_ring.cost(4, 4000, &c);
         CHECK(fabs(xccl_algo_predict(&xccl_algo_allreduce_ring, &m, 4, 4000) -
@@ -1291,7 +1291,7 @@ static void test_registry(void)
 static void test_policy(void)
 {
     const xccl_algo_policy_t *p = &xccl_algo_policy;
-    xccl_cost_model_t         lat = {1e-3, 1e-12, 1e-12}, bw = {1e-9, 1e-6, 1e-9};
+    xccl_cost_model_t         lat = {1e-3, 1e-12, 1e-12, 0}, bw = {1e-9, 1e-6, 1e-9, 0};
     static xccl_algo_memo_t   memo;
 
     CHECK(p->select != NULL && p->list != NULL && p->find != NULL && p->predict != NULL);
@@ -1333,7 +1333,7 @@ static xccl_coll_args_t sel_args(xccl_coll_t coll, size_t count)
 static const char *sel(xccl_coll_t coll, int size, size_t nbytes, const char *forced)
 {
     static char              err[16];
-    static xccl_cost_model_t m = {20e-6, 1.0 / 2e9, 1.0 / 4e9};
+    static xccl_cost_model_t m = {20e-6, 1.0 / 2e9, 1.0 / 4e9, 0};
     xccl_coll_args_t         a = sel_args(coll, nbytes / 4);
     const xccl_algo_t       *out = NULL;
     xccl_status_t            st = xccl_algo_select(&a, size, nbytes, &m, forced, &out);
@@ -1359,7 +1359,7 @@ static const char *sel_node(xccl_coll_t coll, int size, size_t nbytes, int pull,
                             const char *forced)
 {
     static char              err[16];
-    static xccl_cost_model_t m       = {2e-6, 1.0 / 6e9, 1.0 / 4e9};
+    static xccl_cost_model_t m       = {2e-6, 1.0 / 6e9, 1.0 / 4e9, 0};
     static int               zero[8] = {0};
     xccl_topo_t              topo = {.nnodes = 1, .node_of = zero, .pull = pull, .scarce = scarce};
     xccl_coll_args_t         a    = sel_args(coll, nbytes / 4);
@@ -1385,7 +1385,7 @@ static const char *sel_node(xccl_coll_t coll, int size, size_t nbytes, int pull,
 
 static void test_select(void)
 {
-    xccl_cost_model_t  lat = {1, 0, 0}, bw = {0, 1, 0};
+    xccl_cost_model_t  lat = {1, 0, 0, 0}, bw = {0, 1, 0, 0};
     xccl_coll_args_t   a   = sel_args(XCCL_COLL_ALLREDUCE, 1 << 20);
     const xccl_algo_t *out;
     char               inv[16];
@@ -1553,7 +1553,7 @@ static void test_select(void)
 static void test_select_memo(void)
 {
     static xccl_algo_memo_t memo; /* zeroed, as in a new communicator */
-    xccl_cost_model_t       m        = {20e-6, 1.0 / 2e9, 1.0 / 4e9};
+    xccl_cost_model_t       m        = {20e-6, 1.0 / 2e9, 1.0 / 4e9, 0};
     const xccl_coll_t       colls[]  = {XCCL_COLL_ALLREDUCE, XCCL_COLL_ALLGATHER,
                                         XCCL_COLL_REDUCE_SCATTER, XCCL_COLL_BROADCAST,
                                         XCCL_COLL_ALLTOALL};
