@@ -218,6 +218,9 @@ struct xccl_algo {
      * inside nodes (`intra`, priced with topo->intra) and between nodes (`inter`). */
     void (*cost_topo)(const xccl_topo_t *topo, int size, size_t nbytes, xccl_cost_t *intra,
                       xccl_cost_t *inter);
+    /* 1: uses the node-shared segment (see "Node-shared memory"); applicable only where
+     * args->topo->shared says it can run. */
+    int shared;
 };
 
 /* ---------------------------------------------------------------------------------------------
@@ -233,16 +236,17 @@ struct xccl_algo {
  * between every pair of members (cross-memory attach: same user, same pid namespace, allowed
  * by ptrace policy).
  *
- * Ownership: an algorithm that uses the segment calls xccl_task_shared from progress before it
- * touches the segment. The core hands the segment to one task of the communicator at a time,
- * in the communicator's sequence order: XCCL_INPROGRESS means "not yet" (the segment is being
- * created or attached, or an earlier collective of this communicator still holds it; return
- * XCCL_INPROGRESS and call again). Once granted (XCCL_OK), later calls of the same task return
- * XCCL_OK at once with the same description, and the task holds the segment until it
- * completes. `epoch` is 1 for the first collective of the communicator that is granted the
- * segment, 2 for the next, ...: identical on every rank for the same collective, so algorithms
- * stamp flags with it and never need to reset them. Sub-tasks are never granted one
- * (XCCL_ERR_NOT_SUPPORTED). A rank may be granted epoch e while a peer still finishes epoch
+ * Ownership: an algorithm that uses the segment says so (xccl_algo_t.shared = 1) and calls
+ * xccl_task_shared from progress before it touches the segment. The core numbers such
+ * collectives when they are posted: `epoch` is 1 for the first collective of the communicator
+ * posted with a shared algorithm, 2 for the next, ... (collectives are posted in the same
+ * order on every rank, so the epoch of a collective is identical everywhere; algorithms stamp
+ * flags with it and never reset them). It grants the segment to one task at a time, in epoch
+ * order: XCCL_INPROGRESS means "not yet" (the segment is being created or attached, or the
+ * collective of an earlier epoch has not completed on this rank; return XCCL_INPROGRESS and
+ * call again). Once granted (XCCL_OK), later calls of the same task return XCCL_OK at once
+ * with the same description, and the task holds the segment until it completes (or fails).
+ * Sub-tasks are never granted one (XCCL_ERR_NOT_SUPPORTED). A rank may be granted epoch e while a peer still finishes epoch
  * e - 1 (it may still read this rank's slots or buffers of e - 1): the algorithms' protocol
  * must cover that (e.g. "done" counters per rank).
  *
