@@ -296,6 +296,23 @@ xccl_status_t xccl_algo_select(const xccl_coll_args_t *args, int size, size_t nb
     if (found && strcmp(algo, "auto") != 0) return choose_named(args, size, algo, why, out);
     /* "auto" (per call or by a rule) asks for the model itself */
     one_node = args->topo == NULL || args->topo->nnodes == 1;
+    /* One host sharing a segment (topo->shared, task.h): the one-host algorithms replace the
+     * message-based schedules - "shm" (segment slots) where the call fits its slots, else
+     * "cma" (cross-memory reads) where the OS allows; otherwise the rules below. Not measured
+     * on a many-core host yet (docs/selection.md); a tuning table replaces this block. */
+    if (!found && !model_only && size > 1 && args->topo != NULL &&
+        (args->topo->shared & XCCL_SHARED_SEG)) {
+        static const char *const one_host[] = {"shm", "cma"};
+        for (size_t i = 0; i < sizeof(one_host) / sizeof(one_host[0]); i++) {
+            const xccl_algo_t *a = xccl_algo_find(args->coll, one_host[i]);
+            if (a == NULL || (a->applicable != NULL && !a->applicable(args, size))) continue;
+            /* all_to_all_v's slots hold small blocks only: beyond them it needs CMA */
+            if (args->coll == XCCL_COLL_ALLTOALLV && !(args->topo->shared & XCCL_SHARED_CMA))
+                continue;
+            *out = a;
+            return XCCL_OK;
+        }
+    }
     for (size_t i = 0; !found && !model_only && one_node && size > 1 &&
                        i < sizeof(builtin_rules) / sizeof(builtin_rules[0]);
          i++) {

@@ -766,7 +766,7 @@ static void describe_deadlock(sim_t *sim, long pass)
 static xccl_status_t task_start(sim_t *sim, xccl_task_t *t, int c)
 {
     const xccl_algo_t *algo = sim->algos[c];
-    uint64_t           e    = sim->opts ? sim->opts->epoch0 : 0;
+    uint64_t           e    = 0;
 
     for (int i = 0; i <= c; i++) e += sim->algos[i]->shared != 0;
     if (t->scratch != NULL) t->exec->free(t->scratch);

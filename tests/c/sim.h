@@ -34,7 +34,7 @@
  *     times, a PROT_NONE page after each), readable and writable only while that rank's
  *     progress runs and it holds the grant, so that touching it before xccl_task_shared
  *     said XCCL_OK, after completion, or through another rank's address faults. Epochs are
- *     numbered in sequence order (epoch0 + 1, ...); with a seed, grants are delayed at
+ *     numbered in sequence order (1, 2, ...); with a seed, grants are delayed at
  *     random. A rank that returns XCCL_INPROGRESS with nothing pending and no
  *     xccl_task_shared_wait is an error; waits re-poll, and a pass in which nothing moved
  *     (no post, delivery, copy, read, signal, grant) is a deadlock naming the awaited ranks.
@@ -67,7 +67,6 @@ typedef struct sim_msg {
 typedef struct sim_opts {
     uint64_t seed;       /* 0: deliver every matched message at the end of each pass      */
     long     max_passes; /* 0: 10 million                                                 */
-    uint64_t epoch0;     /* the first shared collective has epoch epoch0 + 1              */
     size_t   shared_bytes; /* the segment's size; 0: xccl_algo_policy.shared_bytes(size)   */
     /* Called with 1 before the network phase copies payloads and with 0 after it (NULL:
      * none): lets a test keep executor memory inaccessible outside executor calls. */
