@@ -325,7 +325,19 @@ static xccl_status_t t_select(xccl_algo_memo_t *memo, const xccl_coll_args_t *ar
         mine = &t_shm;
     if (forced != NULL && strcmp(forced, "t_read") == 0 && args->coll == XCCL_COLL_ALLGATHER)
         mine = &t_read;
-    if (mine == NULL) return xccl_algo_policy.select(memo, args, size, nbytes, m, forced, out);
+    if (mine == NULL) {
+        /* the real algorithms, never the real shared ones: their layout of the segment is
+         * not the test algorithms' (and no memo: it would remember those choices) */
+        xccl_coll_args_t a2 = *args;
+        xccl_topo_t      t2;
+        if (args->topo != NULL) {
+            t2        = *args->topo;
+            t2.shared = 0;
+            a2.topo   = &t2;
+        }
+        (void)memo;
+        return xccl_algo_policy.select(NULL, &a2, size, nbytes, m, forced, out);
+    }
     if (args->topo == NULL || !(args->topo->shared & XCCL_SHARED_SEG) ||
         (mine == &t_read && !(args->topo->shared & XCCL_SHARED_CMA)))
         return XCCL_ERROR(XCCL_ERR_INVALID_ARG, "algorithm %s cannot run here (topo.shared %u)",
@@ -866,6 +878,91 @@ static void test_peer_read(void)
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* real: the registry's own one-host algorithms on real ranks                                  */
+/* ------------------------------------------------------------------------------------------ */
+
+static int32_t rval(int k, int r, size_t i)
+{
+    return (int32_t)((i * 13 + (size_t)r * 101 + (size_t)k) % 1000);
+}
+
+/* The default choice on a one-host communicator is a shared algorithm; results against sums
+ * computed here; no name left once all attached; then the last rank is killed inside an
+ * all_reduce and the others fail naming it, within seconds. */
+static int child_real(int rank, int size, void *unused)
+{
+    static const size_t counts[] = {1, 1000, 300000};
+    xccl_comm_t        *c;
+    int32_t            *buf = malloc(300000 * sizeof(int32_t) * MAXR);
+    int32_t            *out = malloc(300000 * sizeof(int32_t) * MAXR);
+    xccl_work_t        *w;
+    xccl_status_t       st;
+    char                want[32];
+    double              t0;
+
+    (void)unused;
+    xccl_core_policy = &xccl_algo_policy;
+    c                = mk(rank, size, NULL, 60000);
+    if (c == NULL || buf == NULL || out == NULL) return 2;
+    CHECK(c->topo.shared & XCCL_SHARED_SEG);
+    for (size_t k = 0; k < sizeof(counts) / sizeof(counts[0]); k++) {
+        size_t             n = counts[k];
+        const xccl_algo_t *a;
+        for (size_t i = 0; i < n; i++)
+            buf[i] = rval((int)k, rank, i);
+        CHECK(xccl_allreduce(c, buf, buf, n, XCCL_INT32, XCCL_OP_SUM, NULL, &w) == XCCL_OK);
+        CHECK_MSG((st = xccl_work_wait(w, 60000)) == XCCL_OK, "n=%zu: %s", n, xccl_work_error(w));
+        a = xccl_algo_policy.find(XCCL_COLL_ALLREDUCE, xccl_work_algo(w));
+        CHECK_MSG(a != NULL && a->shared, "n=%zu: all_reduce chose %s", n, xccl_work_algo(w));
+        xccl_work_release(w);
+        for (size_t i = 0; i < n; i++) {
+            int32_t sum = 0;
+            for (int r = 0; r < size; r++)
+                sum += rval((int)k, r, i);
+            if (buf[i] != sum) {
+                CHECK_MSG(0, "rank %d all_reduce n=%zu [%zu] = %d, want %d", rank, n, i, buf[i],
+                          sum);
+                break;
+            }
+        }
+        for (size_t i = 0; i < n; i++)
+            buf[i] = rval((int)k + 7, rank, i);
+        CHECK(xccl_allgather(c, buf, out, n, XCCL_INT32, NULL, &w) == XCCL_OK);
+        CHECK_MSG(xccl_work_wait(w, 60000) == XCCL_OK, "n=%zu: %s", n, xccl_work_error(w));
+        xccl_work_release(w);
+        for (int r = 0; r < size; r++) {
+            for (size_t i = 0; i < n; i++) {
+                if (out[(size_t)r * n + i] != rval((int)k + 7, r, i)) {
+                    CHECK_MSG(0, "rank %d all_gather n=%zu block %d [%zu]", rank, n, r, i);
+                    break;
+                }
+            }
+        }
+    }
+    barrier(c);
+    CHECK(seg_names(c) == 0 && seg_mapped_deleted(c));
+    if (rank == size - 1) {
+        atomic_store(&SH->ready[2], 1);
+        kill(getpid(), SIGKILL);
+    }
+    CHECK(wait_flag(&SH->ready[2], 1, 30));
+    snprintf(want, sizeof(want), "rank %d (pid %d)", size - 1, (int)c->ctx->peers[size - 1].pid);
+    t0 = now_s();
+    CHECK(xccl_allreduce(c, buf, buf, 1000, XCCL_INT32, XCCL_OP_SUM, NULL, &w) == XCCL_OK);
+    st = xccl_work_wait(w, 60000);
+    show("real dead", w);
+    CHECK_MSG(st == XCCL_ERR_REMOTE && strstr(xccl_work_error(w), want) != NULL,
+              "rank %d: status %d: %s", rank, st, xccl_work_error(w));
+    CHECK_MSG(now_s() - t0 < 10.0, "noticed after %.1f s", now_s() - t0);
+    xccl_work_release(w);
+    xccl_comm_abort(c);
+    xccl_comm_destroy(c);
+    free(buf);
+    free(out);
+    return ctest_failures != 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* sweep                                                                                       */
 /* ------------------------------------------------------------------------------------------ */
 
@@ -958,6 +1055,11 @@ int main(void)
     if (expect_cma())
         test_peer_read();
     else
-        printf("test_shared: no process_vm_readv here: peer_read cases skipped\n");
+        printf("test_shared: no cross-memory reads here: peer_read cases skipped\n");
+    memset(SH, 0, sizeof(*SH));
+    snprintf(store_path, sizeof(store_path), "/tmp/xccl-test-shared-%d-real", (int)getpid());
+    unlink(store_path);
+    CHECK(run_with_victim("real", 6, 5, child_real) == 0);
+    unlink(store_path);
     CTEST_MAIN_END("test_shared");
 }
