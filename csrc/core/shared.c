@@ -467,18 +467,49 @@ static xccl_status_t seg_get(xccl_comm_t *comm, struct xccl_shseg **out)
     }
 }
 
+/* 1 if the process of comm rank p (not this one) has exited, as far as this rank can tell. */
+static int proc_gone(const xccl_comm_t *comm, const struct xccl_shseg *s, int p)
+{
+    struct pollfd pfd;
+
+    if (p == comm->rank) return 0;
+    if (s->pidfd[p] >= 0) {
+        pfd.fd      = s->pidfd[p];
+        pfd.events  = POLLIN;
+        pfd.revents = 0;
+        return poll(&pfd, 1, 0) > 0; /* readable once the process exited */
+    }
+    if (s->pidfd[p] == -1)
+        return kill(comm->ctx->peers[comm->world[p]].pid, 0) != 0 && errno == ESRCH;
+    return 0;
+}
+
 void xccl_shared_free(xccl_comm_t *comm)
 {
     struct xccl_shseg *s = comm->shseg;
 
     if (comm->ctx != NULL && comm->ctx->shwait == comm) comm->ctx->shwait = NULL;
-    if (s == NULL) return;
+    if (s == NULL) {
+        /* never asked for here, but rank 0 may have made it and died before the others
+         * attached (kill(): no pidfd was opened; best effort, the sweep does the rest) */
+        const xccl_ctx_t *ctx = comm->ctx;
+        char              name[SHSEG_NAME_MAX];
+        if (ctx == NULL || comm->rank == 0 || !(comm->topo.shared & XCCL_SHARED_SEG) ||
+            ctx->cinfo[comm->world[0]].pid_ns != ctx->cinfo[ctx->rank].pid_ns)
+            return;
+        if (kill(ctx->peers[comm->world[0]].pid, 0) == 0 || errno != ESRCH) return;
+        seg_name(name, sizeof(name), ctx->job_id, comm->id, ctx->peers[comm->world[0]].pid);
+        (void)shm_unlink(name);
+        return;
+    }
     comm->shseg = NULL;
-    /* a member never attached (it died, or never got that far): nobody else removes it */
-    if (s->leader && s->linked &&
-        (s->hdr == NULL ||
-         atomic_load_explicit(&s->hdr->attached, memory_order_acquire) < (uint32_t)comm->size))
-        (void)shm_unlink(s->name);
+    /* the name exists until every member attached. A member never attached (it died, or
+     * never got that far): rank 0 removes it. Rank 0 died before the others could attach:
+     * they do (the name is its job's and communicator's, nobody else's) */
+    if (s->hdr == NULL ||
+        atomic_load_explicit(&s->hdr->attached, memory_order_acquire) < (uint32_t)comm->size) {
+        if (s->leader ? s->linked : proc_gone(comm, s, 0)) (void)shm_unlink(s->name);
+    }
     if (s->map != NULL) munmap(s->map, s->total);
     if (s->fd >= 0) close(s->fd);
     for (int i = 0; i < comm->size; i++) {
@@ -656,21 +687,9 @@ xccl_status_t xccl_task_peer_read(xccl_task_t *t, int peer, void *dst, const voi
 /* 1 if comm rank p is known dead; *why: the transport's reason, or NULL (its process exited). */
 static int peer_gone(const xccl_comm_t *comm, const struct xccl_shseg *s, int p, const char **why)
 {
-    const xccl_ctx_t *ctx   = comm->ctx;
-    int               world = comm->world[p];
-    struct pollfd     pfd;
-
-    *why = ctx->peer_dead[world];
+    *why = comm->ctx->peer_dead[comm->world[p]];
     if (*why != NULL) return 1;
-    if (s == NULL || p == comm->rank) return 0;
-    if (s->pidfd[p] >= 0) {
-        pfd.fd      = s->pidfd[p];
-        pfd.events  = POLLIN;
-        pfd.revents = 0;
-        return poll(&pfd, 1, 0) > 0; /* readable once the process exited */
-    }
-    if (s->pidfd[p] == -1) return kill(ctx->peers[world].pid, 0) != 0 && errno == ESRCH;
-    return 0;
+    return s != NULL && proc_gone(comm, s, p);
 }
 
 static void fail_gone(xccl_work_t *w, int p, const char *why)

@@ -26,12 +26,15 @@
  *              collective fails, and destroying the communicator removes the name.
  *   dead       a rank killed while the others wait for its flags: they fail with
  *              XCCL_ERR_REMOTE naming it within a few seconds (the timeout is a minute), and
- *              nothing is left in /dev/shm.
+ *              nothing is left in /dev/shm; rank 0 killed right after making the segment,
+ *              before the other asked for it: the other removes the name at destroy.
  *   peer_read  a bad address (EFAULT: the rank and the range are named), a reader without
  *              CAP_SYS_PTRACE reading a process that is not dumpable (EPERM: the ptrace policy
  *              and XCCL_SHARED_CMA=0 are named), a peer that exited (ESRCH: XCCL_ERR_REMOTE).
  *   sweep      a name left by a dead process is removed at the next context creation; a name
  *              whose creator holds its lock, and a fresh one of a live process, are not.
+ *   real       the registry's one-host algorithms (the default on one host) on 6 ranks:
+ *              results, no name left, the last rank killed inside an all_reduce is named.
  */
 #include <dirent.h>
 #include <fcntl.h>
@@ -692,6 +695,9 @@ static int run_with_victim(const char *what, int size, int victim, int (*child)(
         pids[r] = fork();
         if (pids[r] == 0) _exit(child(r, size, NULL));
     }
+    /* the victim is reaped first (its pid then exists nowhere), and the others told so */
+    waitpid(pids[victim], NULL, 0);
+    atomic_store(&SH->dead, 1);
     for (int r = 0; r < size; r++) {
         int status = 0;
         if (r == victim) continue;
@@ -702,6 +708,34 @@ static int run_with_victim(const char *what, int size, int victim, int (*child)(
         }
     }
     return failed;
+}
+
+/* Rank 0 makes the segment and is killed before rank 1 asked for it: rank 1 removes the name
+ * when it destroys the communicator. */
+static int child_orphan(int rank, int size, void *unused)
+{
+    xccl_comm_t     *c   = mk(rank, size, NULL, 60000);
+    xccl_coll_opts_t shm = {.algo = "t_shm"};
+    int32_t          x   = 1;
+    xccl_work_t     *w;
+    uint64_t         job, id;
+
+    (void)unused;
+    if (c == NULL) return 2;
+    barrier(c);
+    if (rank == 0) {
+        CHECK(xccl_allreduce(c, &x, &x, 1, XCCL_INT32, XCCL_OP_SUM, &shm, &w) == XCCL_OK);
+        CHECK(seg_names(c) == 1);
+        kill(getpid(), SIGKILL);
+    }
+    CHECK(wait_flag(&SH->dead, 1, 30));
+    job = c->ctx->job_id;
+    id  = xccl_comm_id(c);
+    CHECK(seg_names_of(job, id) == 1);
+    xccl_comm_abort(c);
+    xccl_comm_destroy(c);
+    CHECK_MSG(seg_names_of(job, id) == 0, "the name of dead rank 0's segment is left");
+    return ctest_failures != 0;
 }
 
 static int child_dead(int rank, int size, void *unused)
@@ -1051,6 +1085,11 @@ int main(void)
     snprintf(store_path, sizeof(store_path), "/tmp/xccl-test-shared-%d-dead", (int)getpid());
     unlink(store_path);
     CHECK(run_with_victim("dead", 3, 2, child_dead) == 0);
+    unlink(store_path);
+    memset(SH, 0, sizeof(*SH));
+    snprintf(store_path, sizeof(store_path), "/tmp/xccl-test-shared-%d-orphan", (int)getpid());
+    unlink(store_path);
+    CHECK(run_with_victim("orphan", 2, 0, child_orphan) == 0);
     unlink(store_path);
     if (expect_cma())
         test_peer_read();
