@@ -221,7 +221,11 @@ def _shm_segments(pids: set[int]) -> list[str]:
     except OSError:
         return left
     for name in names:
-        m = re.fullmatch(r"xccl-[0-9a-f]+-\d+-(\d+)", name)
+        # the shm transport's per-rank segments (.../<rank>-<pid>) and the node-shared
+        # segments of communicators (xcclseg-<job>-<comm>-<pid of its rank 0>)
+        m = re.fullmatch(r"xccl-[0-9a-f]+-\d+-(\d+)", name) or re.fullmatch(
+            r"xcclseg-[0-9a-f]{16}-[0-9a-f]{16}-(\d+)", name
+        )
         if m and int(m.group(1)) in pids:
             left.append("/dev/shm/" + name)
     return left
