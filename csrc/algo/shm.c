@@ -173,11 +173,6 @@ xccl_status_t shm_wait_done(shm_t *x, uint64_t min_lag)
             xccl_task_shared_wait(x->t, q);
             return XCCL_INPROGRESS;
         }
-        if (min_lag == 0 && q != x->rank) {
-            /* a peer done with e published e: its call must be this one */
-            int rd = shm_ready(x, q);
-            if (rd < 0) return rd;
-        }
     }
     x->st[SHM_CURSOR] = 0;
     return XCCL_OK;

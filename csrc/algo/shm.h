@@ -108,7 +108,9 @@ int shm_usable(const xccl_coll_args_t *a, int cma);
 xccl_status_t shm_begin(xccl_task_t *t, int id, shm_t *x);
 
 /* Waits (cursor in st[SHM_CURSOR], reset to 0 when it returns XCCL_OK) until every rank's done
- * is at least e - min_lag: 2 before writing parity p (the reuse rule), 0 at completion. */
+ * is at least e - min_lag: 2 before writing parity p (the reuse rule), 0 at completion. A peer
+ * done with e may already have published e + 2 over e's words of parity p: signatures are
+ * checked before this rank's own done (which holds every peer below e + 2), never here. */
 xccl_status_t shm_wait_done(shm_t *x, uint64_t min_lag);
 
 /* Publishes this rank's signature, addresses (a0, a1) and flag for the epoch, and signals. */

@@ -14,8 +14,8 @@
  *   1     wait until every rank's done >= e - 2 (shm.h, reuse rule)
  *   2     publish sbuf and rbuf (or scratch) addresses, signature, flag = e
  *   3     the collective's reads (below); prog = stamp(e, chunks of its own result ready)
- *   4     done = e; wait until every rank's done = e (nobody reads its buffers any more) and
- *         check every rank's signature; complete
+ *   4     check every rank's signature; done = e; wait until every rank's done = e (nobody
+ *         reads its buffers any more); complete
  *
  *   collective      step 3 of rank r
  *   all_gather      read block q of every peer's rbuf into its rbuf
@@ -105,6 +105,18 @@ static xccl_status_t reduce_chunk(shm_t *x, int which, size_t off, const char *o
     return XCCL_OK;
 }
 
+/* Step 4: every rank's signature checked (before this rank's done: until then no peer can
+ * publish e + 2 over e's words), done = e, then wait until every rank is done with e. */
+static xccl_status_t cma_finish(shm_t *x)
+{
+    if (x->st[SHM_PHASE] == PH_DONE) {
+        SHM_TRY(all_ready(x));
+        shm_set_done(x);
+        x->st[SHM_PHASE] = PH_WAIT;
+    }
+    return shm_wait_done(x, 0);
+}
+
 /* ---- all_gather, all_to_all, gather, scatter: one read per block ------------------------- */
 
 static xccl_status_t pull_progress(xccl_task_t *t)
@@ -159,11 +171,7 @@ static xccl_status_t pull_progress(xccl_task_t *t)
         x.st[SHM_CURSOR] = 0;
         x.st[SHM_PHASE]  = PH_DONE;
     }
-    if (x.st[SHM_PHASE] == PH_DONE) {
-        shm_set_done(&x);
-        x.st[SHM_PHASE] = PH_WAIT;
-    }
-    return shm_wait_done(&x, 0);
+    return cma_finish(&x);
 }
 
 /* ---- broadcast: slices pulled from the root once, then from their holders ----------------- */
@@ -229,11 +237,7 @@ static xccl_status_t bcast_progress(xccl_task_t *t)
         x.st[SHM_CURSOR] = 0;
         x.st[SHM_PHASE]  = PH_DONE;
     }
-    if (x.st[SHM_PHASE] == PH_DONE) {
-        shm_set_done(&x);
-        x.st[SHM_PHASE] = PH_WAIT;
-    }
-    return shm_wait_done(&x, 0);
+    return cma_finish(&x);
 }
 
 /* ---- reduce_scatter, all_reduce, reduce: reduce your block or slice from every peer ------- */
@@ -313,11 +317,7 @@ static xccl_status_t red_progress(xccl_task_t *t)
         x.st[SHM_CURSOR] = 0;
         x.st[SHM_PHASE]  = PH_DONE;
     }
-    if (x.st[SHM_PHASE] == PH_DONE) {
-        shm_set_done(&x);
-        x.st[SHM_PHASE] = PH_WAIT;
-    }
-    return shm_wait_done(&x, 0);
+    return cma_finish(&x);
 }
 
 /* ---- costs -------------------------------------------------------------------------------- */

@@ -416,7 +416,7 @@ static void case_free(ccase_t *c)
 static int run_case(const xccl_algo_t *a, ccase_t *c, uint64_t seed, const char *what,
                     sim_result_t *keep)
 {
-    sim_opts_t    opts = {.seed = seed, .max_passes = 2000000};
+    sim_opts_t    opts = {.seed = seed, .max_passes = 2000000, .slow = seed % 2};
     sim_result_t  res;
     xccl_status_t st = sim_run(a, c->n, c->args, &opts, &res);
     int           ok = st == XCCL_OK;
@@ -619,7 +619,7 @@ static void test_sequences(void)
             ccase_t           *cs = xmalloc(NCOLL * sizeof(*cs));
             const xccl_algo_t *algos[NCOLL];
             xccl_coll_args_t  *args = xmalloc((size_t)NCOLL * (size_t)n * sizeof(*args));
-            sim_opts_t         opts = {.seed = seed};
+            sim_opts_t         opts = {.seed = seed, .slow = 1};
             sim_result_t       res;
             xccl_status_t      st;
             char               what[96];
