@@ -892,6 +892,7 @@ xccl_status_t sim_run_seq(const xccl_algo_t *const *algos, int ncoll, int size,
                     goto out;
                 }
                 if (t->nev == 0) {
+                    st = XCCL_OK;
                     if (task_finish(&sim, t, &st)) left--;
                     if (st != XCCL_OK) goto out;
                 }
@@ -929,6 +930,7 @@ xccl_status_t sim_run_seq(const xccl_algo_t *const *algos, int ncoll, int size,
                     t->draining = 1; /* complete once its copies and reductions are */
                     continue;
                 }
+                st = XCCL_OK;
                 if (task_finish(&sim, t, &st)) left--;
                 if (st != XCCL_OK) goto out;
             } else if (st != XCCL_INPROGRESS) {
