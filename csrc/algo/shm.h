@@ -24,7 +24,8 @@
  * while a peer finishes e - 1, task.h). Algorithms that expose their operation buffers to
  * cross-memory reads do not complete before every reader's done reached e.
  *
- * sig[p]: the call as this rank made it (collective, dtype, op, root, count, algorithm); every
+ * sig[p]: the call as this rank made it (collective, dtype, op, root, count, algorithm, and the
+ * pipeline's chunk, which must agree for the progress counters to mean the same); every
  * rank compares the signature of each peer it reads with its own, so ranks that call different
  * collectives (or force different algorithms) fail with XCCL_ERR_MISMATCH naming both calls
  * instead of reading wrong data.
@@ -52,7 +53,7 @@ typedef struct shm_ctl {
     _Atomic uint64_t flag[2];
     _Atomic uint64_t done;
     _Atomic uint64_t prog;
-    uint64_t         sig[2][2];  /* [parity][0: packed call, 1: count]                 */
+    uint64_t         sig[2][3];  /* [parity][0: packed call, 1: count, 2: chunk]       */
     uint64_t         addr[2][2]; /* [parity][0: sbuf, 1: rbuf or scratch] in r's space */
 } shm_ctl_t;
 
@@ -67,6 +68,7 @@ typedef struct shm {
     uint64_t                e;
     int                     p, rank, size, id;
     size_t                  es;
+    uint64_t                chunk; /* elements per pipeline chunk (cma), 0 otherwise        */
 } shm_t;
 
 /* Returns the status of `call` unless it is XCCL_OK (XCCL_INPROGRESS included). */

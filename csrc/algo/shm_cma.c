@@ -190,10 +190,12 @@ static xccl_status_t bcast_progress(xccl_task_t *t)
     if (x.st[SHM_PHASE] == PH_START) {
         SHM_TRY(shm_wait_done(&x, 2));
         x.st[CMA_CE] = shm_chunk_elems(a->count, x.es);
+        x.chunk      = x.st[CMA_CE];
         shm_publish(&x, 0, (uint64_t)(uintptr_t)a->rbuf);
         x.st[SHM_PHASE] = r == R ? PH_DONE : PH_PEERS;
     }
-    ce = (size_t)x.st[CMA_CE];
+    ce      = (size_t)x.st[CMA_CE];
+    x.chunk = ce;
     if (x.st[SHM_PHASE] == PH_PEERS) {
         int rd = shm_ready(&x, R);
         if (rd <= 0) return rd < 0 ? rd : XCCL_INPROGRESS;
@@ -261,7 +263,8 @@ static xccl_status_t red_progress(xccl_task_t *t)
         SHM_TRY(shm_wait_done(&x, 2));
         x.st[CMA_CE] = shm_chunk_elems(rs ? a->count : xccl_pat_block_max(a->count, n), x.es);
     }
-    ce = (size_t)x.st[CMA_CE];
+    ce      = (size_t)x.st[CMA_CE];
+    x.chunk = ce;
     /* this rank's result: block r (reduce_scatter) or slice r of the vector */
     soff   = rs ? 0 : xccl_pat_block_off(a->count, n, r);
     scnt   = rs ? a->count : xccl_pat_block_count(a->count, n, r);
