@@ -363,7 +363,10 @@ xccl_status_t xccl_algo_select_memo(xccl_algo_memo_t *memo, const xccl_coll_args
     xccl_status_t               st;
     unsigned                    gen;
 
-    if (memo == NULL || forced != NULL || args == NULL || out == NULL)
+    /* device calls are not remembered: the memo's key has no memory type, and the one-host
+     * algorithms (host memory only) are applicable to host calls of the same shape */
+    if (memo == NULL || forced != NULL || args == NULL || out == NULL ||
+        args->mem != XCCL_MEM_HOST)
         return xccl_algo_select(args, size, nbytes, m, forced, out);
     s = memo_slot(memo, args, nbytes);
     pthread_mutex_lock(&env_lock);

@@ -90,7 +90,8 @@ xccl_status_t shm_begin(xccl_task_t *t, int id, shm_t *x)
     x->rank = xccl_task_rank(t);
     x->size = n;
     x->id   = id;
-    x->es   = a->elsize;
+    x->es    = a->elsize;
+    x->chunk = 0;
     return XCCL_OK;
 }
 
@@ -103,15 +104,20 @@ static uint64_t shm_sig(const shm_t *x)
            (uint64_t)(unsigned)x->id << 24 | (uint64_t)(uint32_t)(a->root + 1) << 32;
 }
 
-static void shm_describe(uint64_t sig, uint64_t count, char *buf, size_t len)
+static void shm_describe(uint64_t sig, uint64_t count, uint64_t chunk_bytes, char *buf,
+                         size_t len)
 {
-    int id = (int)(sig >> 24 & 0xff);
+    int    id = (int)(sig >> 24 & 0xff);
+    size_t at;
 
-    snprintf(buf, len, "%s(dtype=%s, count=%llu, op=%s, root=%d) with algorithm %s",
-             xccl_coll_name((xccl_coll_t)(sig & 0xff)),
-             xccl_dtype_name((xccl_dtype_t)(sig >> 8 & 0xff)), (unsigned long long)count,
-             xccl_op_name((xccl_op_t)(sig >> 16 & 0xff)), (int)(uint32_t)(sig >> 32) - 1,
-             id >= SHM_ID_CMA ? "cma" : "shm");
+    at = (size_t)snprintf(buf, len, "%s(dtype=%s, count=%llu, op=%s, root=%d) with algorithm %s",
+                          xccl_coll_name((xccl_coll_t)(sig & 0xff)),
+                          xccl_dtype_name((xccl_dtype_t)(sig >> 8 & 0xff)),
+                          (unsigned long long)count, xccl_op_name((xccl_op_t)(sig >> 16 & 0xff)),
+                          (int)(uint32_t)(sig >> 32) - 1, id >= SHM_ID_CMA ? "cma" : "shm");
+    if (chunk_bytes && at < len)
+        snprintf(buf + at, len - at, " in chunks of %llu B (" SHM_CHUNK_ENV ")",
+                 (unsigned long long)chunk_bytes);
 }
 
 void shm_publish(shm_t *x, uint64_t a0, uint64_t a1)
@@ -120,6 +126,7 @@ void shm_publish(shm_t *x, uint64_t a0, uint64_t a1)
 
     c->sig[x->p][0]  = shm_sig(x);
     c->sig[x->p][1]  = x->a->count;
+    c->sig[x->p][2]  = x->chunk;
     c->addr[x->p][0] = a0;
     c->addr[x->p][1] = a1;
     atomic_store_explicit(&c->flag[x->p], x->e, memory_order_release);
@@ -135,9 +142,12 @@ int shm_ready(shm_t *x, int q)
         xccl_task_shared_wait(x->t, q);
         return 0;
     }
-    if (c->sig[x->p][0] == shm_sig(x) && c->sig[x->p][1] == x->a->count) return 1;
-    shm_describe(shm_sig(x), x->a->count, mine, sizeof(mine));
-    shm_describe(c->sig[x->p][0], c->sig[x->p][1], theirs, sizeof(theirs));
+    if (c->sig[x->p][0] == shm_sig(x) && c->sig[x->p][1] == x->a->count &&
+        c->sig[x->p][2] == x->chunk)
+        return 1;
+    shm_describe(shm_sig(x), x->a->count, x->chunk * x->es, mine, sizeof(mine));
+    shm_describe(c->sig[x->p][0], c->sig[x->p][1], c->sig[x->p][2] * x->es, theirs,
+                 sizeof(theirs));
     return XCCL_ERROR(XCCL_ERR_MISMATCH,
                       "collective mismatch in the node-shared segment (epoch %llu): rank %d "
                       "called %s, rank %d called %s",
@@ -172,11 +182,6 @@ xccl_status_t shm_wait_done(shm_t *x, uint64_t min_lag)
             x->st[SHM_CURSOR] = (uint64_t)q;
             xccl_task_shared_wait(x->t, q);
             return XCCL_INPROGRESS;
-        }
-        if (min_lag == 0 && q != x->rank) {
-            /* a peer done with e published e: its call must be this one */
-            int rd = shm_ready(x, q);
-            if (rd < 0) return rd;
         }
     }
     x->st[SHM_CURSOR] = 0;

@@ -24,7 +24,8 @@
  * while a peer finishes e - 1, task.h). Algorithms that expose their operation buffers to
  * cross-memory reads do not complete before every reader's done reached e.
  *
- * sig[p]: the call as this rank made it (collective, dtype, op, root, count, algorithm); every
+ * sig[p]: the call as this rank made it (collective, dtype, op, root, count, algorithm, and the
+ * pipeline's chunk, which must agree for the progress counters to mean the same); every
  * rank compares the signature of each peer it reads with its own, so ranks that call different
  * collectives (or force different algorithms) fail with XCCL_ERR_MISMATCH naming both calls
  * instead of reading wrong data.
@@ -52,7 +53,7 @@ typedef struct shm_ctl {
     _Atomic uint64_t flag[2];
     _Atomic uint64_t done;
     _Atomic uint64_t prog;
-    uint64_t         sig[2][2];  /* [parity][0: packed call, 1: count]                 */
+    uint64_t         sig[2][3];  /* [parity][0: packed call, 1: count, 2: chunk]       */
     uint64_t         addr[2][2]; /* [parity][0: sbuf, 1: rbuf or scratch] in r's space */
 } shm_ctl_t;
 
@@ -67,6 +68,7 @@ typedef struct shm {
     uint64_t                e;
     int                     p, rank, size, id;
     size_t                  es;
+    uint64_t                chunk; /* elements per pipeline chunk (cma), 0 otherwise        */
 } shm_t;
 
 /* Returns the status of `call` unless it is XCCL_OK (XCCL_INPROGRESS included). */
@@ -108,7 +110,9 @@ int shm_usable(const xccl_coll_args_t *a, int cma);
 xccl_status_t shm_begin(xccl_task_t *t, int id, shm_t *x);
 
 /* Waits (cursor in st[SHM_CURSOR], reset to 0 when it returns XCCL_OK) until every rank's done
- * is at least e - min_lag: 2 before writing parity p (the reuse rule), 0 at completion. */
+ * is at least e - min_lag: 2 before writing parity p (the reuse rule), 0 at completion. A peer
+ * done with e may already have published e + 2 over e's words of parity p: signatures are
+ * checked before this rank's own done (which holds every peer below e + 2), never here. */
 xccl_status_t shm_wait_done(shm_t *x, uint64_t min_lag);
 
 /* Publishes this rank's signature, addresses (a0, a1) and flag for the epoch, and signals. */

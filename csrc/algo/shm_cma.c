@@ -14,8 +14,8 @@
  *   1     wait until every rank's done >= e - 2 (shm.h, reuse rule)
  *   2     publish sbuf and rbuf (or scratch) addresses, signature, flag = e
  *   3     the collective's reads (below); prog = stamp(e, chunks of its own result ready)
- *   4     done = e; wait until every rank's done = e (nobody reads its buffers any more) and
- *         check every rank's signature; complete
+ *   4     check every rank's signature; done = e; wait until every rank's done = e (nobody
+ *         reads its buffers any more); complete
  *
  *   collective      step 3 of rank r
  *   all_gather      read block q of every peer's rbuf into its rbuf
@@ -105,6 +105,18 @@ static xccl_status_t reduce_chunk(shm_t *x, int which, size_t off, const char *o
     return XCCL_OK;
 }
 
+/* Step 4: every rank's signature checked (before this rank's done: until then no peer can
+ * publish e + 2 over e's words), done = e, then wait until every rank is done with e. */
+static xccl_status_t cma_finish(shm_t *x)
+{
+    if (x->st[SHM_PHASE] == PH_DONE) {
+        SHM_TRY(all_ready(x));
+        shm_set_done(x);
+        x->st[SHM_PHASE] = PH_WAIT;
+    }
+    return shm_wait_done(x, 0);
+}
+
 /* ---- all_gather, all_to_all, gather, scatter: one read per block ------------------------- */
 
 static xccl_status_t pull_progress(xccl_task_t *t)
@@ -159,11 +171,7 @@ static xccl_status_t pull_progress(xccl_task_t *t)
         x.st[SHM_CURSOR] = 0;
         x.st[SHM_PHASE]  = PH_DONE;
     }
-    if (x.st[SHM_PHASE] == PH_DONE) {
-        shm_set_done(&x);
-        x.st[SHM_PHASE] = PH_WAIT;
-    }
-    return shm_wait_done(&x, 0);
+    return cma_finish(&x);
 }
 
 /* ---- broadcast: slices pulled from the root once, then from their holders ----------------- */
@@ -182,10 +190,12 @@ static xccl_status_t bcast_progress(xccl_task_t *t)
     if (x.st[SHM_PHASE] == PH_START) {
         SHM_TRY(shm_wait_done(&x, 2));
         x.st[CMA_CE] = shm_chunk_elems(a->count, x.es);
+        x.chunk      = x.st[CMA_CE];
         shm_publish(&x, 0, (uint64_t)(uintptr_t)a->rbuf);
         x.st[SHM_PHASE] = r == R ? PH_DONE : PH_PEERS;
     }
-    ce = (size_t)x.st[CMA_CE];
+    ce      = (size_t)x.st[CMA_CE];
+    x.chunk = ce;
     if (x.st[SHM_PHASE] == PH_PEERS) {
         int rd = shm_ready(&x, R);
         if (rd <= 0) return rd < 0 ? rd : XCCL_INPROGRESS;
@@ -229,11 +239,7 @@ static xccl_status_t bcast_progress(xccl_task_t *t)
         x.st[SHM_CURSOR] = 0;
         x.st[SHM_PHASE]  = PH_DONE;
     }
-    if (x.st[SHM_PHASE] == PH_DONE) {
-        shm_set_done(&x);
-        x.st[SHM_PHASE] = PH_WAIT;
-    }
-    return shm_wait_done(&x, 0);
+    return cma_finish(&x);
 }
 
 /* ---- reduce_scatter, all_reduce, reduce: reduce your block or slice from every peer ------- */
@@ -257,7 +263,8 @@ static xccl_status_t red_progress(xccl_task_t *t)
         SHM_TRY(shm_wait_done(&x, 2));
         x.st[CMA_CE] = shm_chunk_elems(rs ? a->count : xccl_pat_block_max(a->count, n), x.es);
     }
-    ce = (size_t)x.st[CMA_CE];
+    ce      = (size_t)x.st[CMA_CE];
+    x.chunk = ce;
     /* this rank's result: block r (reduce_scatter) or slice r of the vector */
     soff   = rs ? 0 : xccl_pat_block_off(a->count, n, r);
     scnt   = rs ? a->count : xccl_pat_block_count(a->count, n, r);
@@ -313,11 +320,7 @@ static xccl_status_t red_progress(xccl_task_t *t)
         x.st[SHM_CURSOR] = 0;
         x.st[SHM_PHASE]  = PH_DONE;
     }
-    if (x.st[SHM_PHASE] == PH_DONE) {
-        shm_set_done(&x);
-        x.st[SHM_PHASE] = PH_WAIT;
-    }
-    return shm_wait_done(&x, 0);
+    return cma_finish(&x);
 }
 
 /* ---- costs -------------------------------------------------------------------------------- */

@@ -68,6 +68,8 @@ typedef struct sim_opts {
     uint64_t seed;       /* 0: deliver every matched message at the end of each pass      */
     long     max_passes; /* 0: 10 million                                                 */
     size_t   shared_bytes; /* the segment's size; 0: xccl_algo_policy.shared_bytes(size)   */
+    int      slow;       /* with a seed: a pass skips each rank at random (slow processes),  */
+                         /* so ranks drift epochs apart                                    */
     /* Called with 1 before the network phase copies payloads and with 0 after it (NULL:
      * none): lets a test keep executor memory inaccessible outside executor calls. */
     void (*transfer_access)(int open);

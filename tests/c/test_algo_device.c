@@ -263,6 +263,7 @@ static void sweep(void)
         for (size_t k = 0; list[k] != NULL; k++) {
             const xccl_algo_t *a   = list[k];
             int                ran = 0;
+            if (a->shared) continue; /* one-host algorithms move host memory only */
             for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++) {
                 int n = sizes[si];
                 for (size_t ci = 0; ci < sizeof(counts) / sizeof(counts[0]); ci++) {

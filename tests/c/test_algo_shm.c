@@ -416,7 +416,7 @@ static void case_free(ccase_t *c)
 static int run_case(const xccl_algo_t *a, ccase_t *c, uint64_t seed, const char *what,
                     sim_result_t *keep)
 {
-    sim_opts_t    opts = {.seed = seed, .max_passes = 2000000};
+    sim_opts_t    opts = {.seed = seed, .max_passes = 2000000, .slow = seed % 2};
     sim_result_t  res;
     xccl_status_t st = sim_run(a, c->n, c->args, &opts, &res);
     int           ok = st == XCCL_OK;
@@ -619,7 +619,7 @@ static void test_sequences(void)
             ccase_t           *cs = xmalloc(NCOLL * sizeof(*cs));
             const xccl_algo_t *algos[NCOLL];
             xccl_coll_args_t  *args = xmalloc((size_t)NCOLL * (size_t)n * sizeof(*args));
-            sim_opts_t         opts = {.seed = seed};
+            sim_opts_t         opts = {.seed = seed, .slow = 1};
             sim_result_t       res;
             xccl_status_t      st;
             char               what[96];
@@ -701,6 +701,32 @@ static void test_mismatch(void)
         free(c);
         free(d);
     }
+}
+
+/* ranks whose XCCL_SHM_CHUNK_BYTES differ: the progress counters would mean different
+ * chunks, so the call must fail as a mismatch instead of reading unwritten data */
+static xccl_status_t chunky_progress(xccl_task_t *t)
+{
+    setenv(SHM_CHUNK_ENV, xccl_task_rank(t) == 0 ? "64" : "128", 1);
+    return xccl_algo_broadcast_cma.progress(t);
+}
+
+static void test_chunk_mismatch(void)
+{
+    ccase_t      *c = xmalloc(sizeof(*c));
+    xccl_algo_t   chunky = xccl_algo_broadcast_cma;
+    sim_result_t  res;
+    xccl_status_t st;
+
+    chunky.progress = chunky_progress;
+    case_init(c, XCCL_COLL_BROADCAST, 3, 1000, XCCL_INT32, XCCL_OP_SUM, 0, &topo_cma, 0);
+    st = sim_run(&chunky, 3, c->args, NULL, &res);
+    CHECK_MSG(st == XCCL_ERR_MISMATCH && strstr(res.error, SHM_CHUNK_ENV) != NULL,
+              "chunk mismatch: %s: %s", xccl_status_string(st), res.error);
+    sim_result_free(&res);
+    unsetenv(SHM_CHUNK_ENV);
+    case_free(c);
+    free(c);
 }
 
 /* a rank that never publishes: the others wait on it, the simulator names the deadlock */
@@ -913,6 +939,7 @@ int main(void)
     test_reduce_inplace_root();
     test_sequences();
     test_mismatch();
+    test_chunk_mismatch();
     test_a2av_too_big();
     test_costs();
     CTEST_MAIN_END("test_algo_shm");

@@ -178,10 +178,12 @@ static void many_works(xccl_comm_t *world, int rank, int size)
             st = xccl_work_wait(ws, 20000);
             CHECK_MSG(st == XCCL_ERR_TIMEOUT, "stalled all_reduce: status %d", st);
             CHECK_MSG(now_s() - t0 < 10.0, "timed out after %.1f s", now_s() - t0);
-            /* a message from it, or (a one-host algorithm) its write to the shared segment */
+            /* a message-based all_reduce waits "for a message from rank 1", a one-host one
+             * "for rank 1 (pid) to write the node-shared segment" */
             CHECK_MSG(strstr(xccl_work_error(ws), "from rank 1") != NULL ||
-                          strstr(xccl_work_error(ws), "rank 1 (pid") != NULL,
-                      "error: %s", xccl_work_error(ws));
+                          strstr(xccl_work_error(ws), "for rank 1 (pid") != NULL,
+                      "error: %s",
+                      xccl_work_error(ws));
             xccl_work_release(ws);
             atomic_store(&SH->stall_done, 1);
             for (int k = 0; k < NSTALL_BEHIND; k++) {
