@@ -697,8 +697,8 @@ static int child_release(int rank, int size, void *unused)
 
 static int run_with_victim(const char *what, int size, int victim, int (*child)(int, int, void *))
 {
-    pid_t pids[MAXR];
-    int   failed = 0;
+    pid_t pids[MAXR] = {0};
+    int   failed     = 0;
 
     fflush(NULL);
     for (int r = 0; r < size; r++) {
