@@ -1011,8 +1011,11 @@ static xccl_status_t coll_post(xccl_comm_t *comm, xccl_coll_args_t *a, xccl_op_t
         xccl_work_progress_locked(w);
     }
     /* the fingerprint check to the next rank (see TAG_CTRL_CHECK), unless the start already
-     * sent it a message of this operation, which carries the same fingerprint */
-    if (started && !w->task.sent_next && comm->size > 1)
+     * sent it a message of this operation, which carries the same fingerprint, or the
+     * algorithm uses the node-shared segment: the one-host algorithms compare every peer's
+     * call signature there (csrc/algo/shm.h), and a message per call would cost them more
+     * than the collective itself */
+    if (started && !w->task.sent_next && comm->size > 1 && !algo->shared)
         send_ctrl(comm, (comm->rank + 1) % comm->size, w->seq, w->fp, NULL);
     pthread_mutex_unlock(&ctx->lock);
     xccl_ctx_run_callbacks(ctx);
