@@ -248,18 +248,25 @@ struct xccl_algo {
  * with the same description, and the task holds the segment until it completes (or fails).
  * Sub-tasks are never granted one (XCCL_ERR_NOT_SUPPORTED). A rank may be granted epoch e while a peer still finishes epoch
  * e - 1 (it may still read this rank's slots or buffers of e - 1): the algorithms' protocol
- * must cover that (e.g. "done" counters per rank).
+ * must cover that (e.g. "done" counters per rank). Mismatched calls are theirs to catch too:
+ * the core sends no fingerprint-check message for a collective of a shared algorithm (it would
+ * cost more than the collective), so such an algorithm compares a signature of each peer's
+ * call (collective, dtype, op, root, count, algorithm) before it uses the peer's data and
+ * fails with XCCL_ERR_MISMATCH naming both calls.
  *
  * Waiting on memory: progress may return XCCL_INPROGRESS with no request pending because a
  * flag in the segment is not set yet; before it does, it calls xccl_task_shared_wait naming the
  * rank whose write it waits for (-1: several). The core then polls the task again and again
  * (yielding the CPU when ranks outnumber CPUs), sleeps only on the segment's doorbell (which
- * xccl_task_shared_signal rings), and names that rank when the operation times out. An
+ * xccl_task_shared_signal rings), and names that rank when the operation times out; if that
+ * rank's process exits meanwhile (or a transport finds it dead), the operation fails with
+ * XCCL_ERR_REMOTE naming it within about 50 ms (every member for -1). An
  * algorithm calls xccl_task_shared_signal after it published writes that others may be waiting
  * for (release stores of its flags); it costs one atomic load while nobody sleeps.
  *
  * Memory order: flags are C11 atomics in the segment; writers publish with release stores,
- * readers check with acquire loads. The core adds no fences of its own.
+ * readers check with acquire loads. The core adds no fences of its own to them (the one in
+ * xccl_task_shared_signal orders the doorbell only).
  * ------------------------------------------------------------------------------------------- */
 enum {
     XCCL_SHARED_SEG = 1u << 0, /* a shared segment (xccl_task_shared)                           */
