@@ -444,6 +444,7 @@ struct xccl_ctx {
      * none), whose doorbell idle threads sleep on */
     xccl_core_info_t *cinfo;
     xccl_comm_t      *shwait;
+    int               ptracer; /* 1: relaxed Yama for this context, 2: and holds it */
     xccl_work_t      *done_head;  /* completed works whose callbacks must run             */
 };
 
@@ -581,9 +582,12 @@ void          xccl_ctx_topo_models(xccl_ctx_t *ctx, const xccl_transport_ops_t *
  * wrapper (one adding a test-only shared algorithm) before they create a communicator. */
 extern const xccl_algo_policy_t *xccl_core_policy;
 /* This process's part of the bootstrap record; `intra_asked`: an intra-host transport is
- * among those asked for. May relax this process's Yama ptrace restriction so that peers of
- * the same user can read it (see shared.c). */
-void          xccl_shared_self_info(xccl_core_info_t *ci, int intra_asked, uint64_t pid_ns);
+ * among those asked for. Returns 1 if it relaxed this process's Yama ptrace restriction so
+ * that processes of the same user can read it; the context then calls xccl_shared_ptracer:
+ * hold 1 (it has peers on this host: keep it, counted), 0 (it has none: restore Yama's
+ * default unless another context holds it), -1 (a context that held it is freed). */
+int           xccl_shared_self_info(xccl_core_info_t *ci, int intra_asked, uint64_t pid_ns);
+void          xccl_shared_ptracer(int hold);
 /* Removes node-shared segment names left in /dev/shm by processes that died (no lock held on
  * them, creator gone or the name older than a few seconds). */
 void          xccl_shared_sweep(void);

@@ -204,6 +204,8 @@ static void ctx_free(xccl_ctx_t *ctx)
     free(ctx->peer_tp_mem);
     free(ctx->peers);
     free(ctx->cinfo);
+    if (ctx->ptracer == 2) xccl_shared_ptracer(-1);
+    else if (ctx->ptracer == 1) xccl_shared_ptracer(0); /* failed before the peers were known */
     pthread_mutex_destroy(&ctx->lock);
     pthread_cond_destroy(&ctx->cond);
     free(ctx);
@@ -367,10 +369,10 @@ xccl_status_t xccl_ctx_create(const xccl_comm_config_t *cfg, xccl_ctx_t **out)
         char    ns[64] = {0};
         uint8_t info[sizeof(xccl_peer_info_t) + sizeof(xccl_core_info_t)];
         for (int i = 0; i < ncand; i++) intra |= (cand[i]->caps & XCCL_TP_CAP_INTRA_HOST) != 0;
-        xccl_shared_self_info(&ctx->cinfo[cfg->rank], intra,
-                              readlink("/proc/self/ns/pid", ns, sizeof(ns) - 1) > 0
-                                  ? hash64(ns, strlen(ns), 2) | 1
-                                  : 0);
+        ctx->ptracer = xccl_shared_self_info(&ctx->cinfo[cfg->rank], intra,
+                                             readlink("/proc/self/ns/pid", ns, sizeof(ns) - 1) > 0
+                                                 ? hash64(ns, strlen(ns), 2) | 1
+                                                 : 0);
         memcpy(info, &ctx->peers[cfg->rank], sizeof(xccl_peer_info_t));
         memcpy(info + sizeof(xccl_peer_info_t), &ctx->cinfo[cfg->rank], sizeof(xccl_core_info_t));
         snprintf(key, sizeof(key), "%sinfo/%d", prefix, cfg->rank);
@@ -399,6 +401,13 @@ xccl_status_t xccl_ctx_create(const xccl_comm_config_t *cfg, xccl_ctx_t **out)
         val = NULL;
     }
 
+    if (ctx->ptracer) { /* Yama relaxed for peers on this host: only if there are some */
+        int local = 0;
+        for (int r = 0; r < cfg->size; r++)
+            local |= r != cfg->rank && ctx->peers[r].host_id == ctx->peers[cfg->rank].host_id;
+        xccl_shared_ptracer(local);
+        ctx->ptracer = local ? 2 : 0;
+    }
     XCCL_CHECK_GOTO(scarce_hosts(ctx), st, out);
     scarce          = ctx->peer_scarce[cfg->rank];
     ctx->spin_yield = xccl_env_int("XCCL_SPIN_YIELD", scarce) != 0;

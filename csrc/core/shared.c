@@ -148,10 +148,15 @@ static int yama_scope(void)
     return v;
 }
 
+/* Contexts of this process that let processes of its user read it past Yama's scope 1
+ * (prctl PR_SET_PTRACER_ANY): the relaxation lasts while one of them lives. */
+static atomic_int ptracer_users;
+
 /* Whether processes of our user on this host can read this process's memory, and this process
  * theirs, with process_vm_readv. Only facts about this process: the peers' side is their own
- * record. */
-static int cma_self_ok(const char **why)
+ * record. *relaxed: this call relaxed Yama's restriction (xccl_shared_ptracer decides whether
+ * that stays). */
+static int cma_self_ok(const char **why, int *relaxed)
 {
     volatile uint64_t src = 0x600dcafeull;
     uint64_t          dst = 0;
@@ -180,28 +185,46 @@ static int cma_self_ok(const char **why)
     }
 #ifdef PR_SET_PTRACER
     /* scope 1 lets only ancestors read a process unless it names its readers: let every
-     * process of our user read this one, as without Yama (XCCL_SHARED_CMA=0 keeps the
-     * restriction, and cross-memory reads off) */
-    if (prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0) == 0) return 1;
+     * process of our user read this one, as without Yama, while a context with peers on this
+     * host lives (XCCL_SHARED_CMA=0 keeps the restriction, and cross-memory reads off) */
+    if (prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0) == 0) {
+        *relaxed = 1;
+        return 1;
+    }
 #endif
     *why = "/proc/sys/kernel/yama/ptrace_scope is 1 and prctl(PR_SET_PTRACER) failed";
     return 0;
 }
 
-void xccl_shared_self_info(xccl_core_info_t *ci, int intra_asked, uint64_t pid_ns)
+int xccl_shared_self_info(xccl_core_info_t *ci, int intra_asked, uint64_t pid_ns)
 {
-    const char *why = NULL;
+    const char *why     = NULL;
+    int         relaxed = 0;
 
     memset(ci, 0, sizeof(*ci));
     ci->uid    = (uint32_t)geteuid();
     ci->pid_ns = pid_ns;
-    if (!intra_asked || xccl_env_int("XCCL_SHARED", 1) == 0) return;
+    if (!intra_asked || xccl_env_int("XCCL_SHARED", 1) == 0) return 0;
     ci->flags |= XCCL_CI_SHARED;
-    if (xccl_env_int("XCCL_SHARED_CMA", 1) == 0) return;
-    if (cma_self_ok(&why))
+    if (xccl_env_int("XCCL_SHARED_CMA", 1) == 0) return 0;
+    if (cma_self_ok(&why, &relaxed))
         ci->flags |= XCCL_CI_CMA;
     else
         XCCL_INFO("node-shared memory: no cross-memory reads: %s", why);
+    return relaxed;
+}
+
+void xccl_shared_ptracer(int hold)
+{
+    if (hold > 0) {
+        atomic_fetch_add(&ptracer_users, 1);
+        return;
+    }
+    if (hold < 0 && atomic_fetch_sub(&ptracer_users, 1) != 1) return;
+    if (hold == 0 && atomic_load(&ptracer_users) != 0) return;
+#ifdef PR_SET_PTRACER
+    (void)prctl(PR_SET_PTRACER, 0, 0, 0, 0); /* back to Yama's default for this process */
+#endif
 }
 
 unsigned xccl_shared_bits(const xccl_comm_t *comm)
