@@ -27,8 +27,8 @@ def _init(rank, world_size, store_path, hosts):
 # depend on the machine), and for a group inside the first host when the model is asked
 # directly (algo="auto": shared memory's constants).
 EXPECTED = {
-    ("a", "a", "b", "b"): {8: "hier", 1000: "hier", 1 << 18: "hier_rs", "one_host": "rd"},
-    ("a", "b", "a", "b", "a"): {8: "direct", 1000: "hier", 1 << 18: "ring", "one_host": "direct"},
+    ("a", "a", "b", "b"): {8: "hier", 1000: "hier", 1 << 18: "hier_rs", "one_host": "shm"},
+    ("a", "b", "a", "b", "a"): {8: "direct", 1000: "hier", 1 << 18: "ring", "one_host": "shm"},
 }
 COUNTS = (8, 1000, 1 << 18)
 
@@ -120,10 +120,10 @@ def test_hier_over_shm_and_tcp(tmp_path, hosts):
         if in_first_host:
             algo, v, model_algo, u = out["one_host"]
             members = hosts.count(hosts[0])
-            # the model's choice, unless the measured rule for ranks outnumbering CPUs (with
-            # cross-memory attach) picks direct first
+            # ranks of one host share a segment: the one-host algorithm, by the selection rule
+            # and by the model (one flag step, no message round)
             assert model_algo == expected["one_host"], (rank, model_algo)
-            assert algo in (expected["one_host"], "direct"), (rank, algo)
+            assert algo == "shm", (rank, algo)
             np.testing.assert_array_equal(v, np.full(4, float(members)))
             np.testing.assert_array_equal(u, np.full(4, 2.0 * members))
 

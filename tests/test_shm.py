@@ -347,9 +347,13 @@ def test_cpu_scarcity_is_a_fact_of_the_job(tmp_path):
     same on every rank, and decides the measured rules (select.c): 2 ranks bound to one CPU
     run a 256 KiB all_reduce on shm with "owner"; bound to a CPU each, which a per-process
     count (2 local ranks, 1 CPU in my mask) would also call scarce, they do not."""
-    one_cpu = run_spmd(body_scarcity, 2, str(tmp_path / "a"), [0, 0], init=False, timeout=60)
+    # the message-based rules: without the node-shared segment (XCCL_SHARED=0)
+    off = {"XCCL_SHARED": "0"}
+    one_cpu = run_spmd(body_scarcity, 2, str(tmp_path / "a"), [0, 0], init=False, timeout=60,
+                       env=off)
     assert one_cpu == ["owner", "owner"]
-    two_cpus = run_spmd(body_scarcity, 2, str(tmp_path / "b"), [0, 1], init=False, timeout=60)
+    two_cpus = run_spmd(body_scarcity, 2, str(tmp_path / "b"), [0, 1], init=False, timeout=60,
+                        env=off)
     assert two_cpus[0] == two_cpus[1] != "owner"
 
 

@@ -392,7 +392,10 @@ def _engine_resources():
         except OSError:  # the fd listing itself, closed since
             pass
     with open("/proc/self/maps") as f:
-        shm = {line.split(None, 5)[5].strip() for line in f if "/dev/shm/" in line}
+        # the transports' files (a communicator's own node-shared segment, xcclseg-*, is
+        # per communicator by design: task.h)
+        shm = {line.split(None, 5)[5].strip() for line in f
+               if "/dev/shm/" in line and "/xcclseg-" not in line}
     return threads, sockets, len(shm)
 
 
@@ -740,8 +743,9 @@ def body_ddp_peer_dies(rank, size, path):
             model(torch.randn(2, 4)).sum().backward()
     except RuntimeError as exc:
         # DDP's reducer waits on the future in C++: the type is RuntimeError, the message
-        # is xccl's.
-        assert "XcclDist" in str(exc), str(exc)
+        # is xccl's; a failure DDP's Python code meets first (its buffers' broadcast, which
+        # a one-host algorithm sees at once) is raised as xccl's own class.
+        assert "XcclDist" in str(exc) or type(exc).__name__.startswith("XcclDist"), str(exc)
         assert time.monotonic() - t0 < 15
         dist.group.WORLD.abort()
         return True

@@ -30,9 +30,11 @@
  *   barrier         nothing (the flag)                   every flag
  *
  * Reductions combine the n contributions in rank order, ((x0 op x1) op x2) ..., from the
- * slots, so every rank of all_reduce computes the same bits whatever the timing. A rank that
- * reads no other rank (broadcast's and scatter's root, reduce's and gather's others) still
- * checks the signature of rank r + 1, so a mismatched call fails on both sides of some pair.
+ * slots, so every rank of all_reduce computes the same bits whatever the timing. Every rank
+ * that reads a peer's slot checks that peer's signature first. A rank that reads nobody
+ * (broadcast's and scatter's root, reduce's and gather's others) completes once its data is
+ * published, like an eager send: it depends on no other rank, and a mismatched call fails at
+ * the ranks that read it.
  *
  * Cost (per rank, the critical path): one step (a flag fan-in), the slot writes and reads as
  * copy_bytes (priced with δ), the reductions as reduce_bytes; nothing on the wire.
@@ -356,11 +358,6 @@ static xccl_status_t slot_progress(xccl_task_t *t)
         }
         x.st[SHM_CURSOR] = 0;
         x.st[SHM_PHASE]  = 2;
-    }
-    if (x.st[SHM_PHASE] == 2 && reads != 2 && n > 1) {
-        /* read nobody else: check the next rank's call */
-        int rd = shm_ready(&x, (x.rank + 1) % n);
-        if (rd <= 0) return rd < 0 ? rd : XCCL_INPROGRESS;
     }
     shm_set_done(&x);
     return XCCL_OK;

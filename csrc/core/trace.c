@@ -204,9 +204,11 @@ size_t xccl_comm_flight_dump(xccl_comm_t *comm, char *buf, size_t len)
                 OUT("%s%d ", r->kind == REQ_SEND ? "send->" : "recv<-",
                     xccl_comm_rank_of_world(comm, r->peer));
         }
-        if (w->kind == WORK_COLL && w->task.shared_epoch != 0) {
-            char what[256];
-            if (xccl_shared_describe(w, what, sizeof(what)) > 0) OUT("%s", what);
+        /* one-host algorithms wait for a rank's writes to the node-shared segment */
+        if (w->kind == WORK_COLL &&
+            (w->task.shared_wait == SHWAIT_WRITE || w->task.shared_wait == SHWAIT_ATTACH)) {
+            if (w->task.shared_peer >= 0) OUT("shm<-%d ", w->task.shared_peer);
+            else OUT("shm<-any ");
         }
         OUT("\n");
     }

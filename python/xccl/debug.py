@@ -2,7 +2,8 @@
 
 Every xccl communicator keeps a flight recorder: the last operations it ran (sequence number,
 operation, algorithm, final state, age) and, for the ones still pending, what they wait for
-(``send->2``: a send to rank 2 not finished; ``recv<-1``: a message from rank 1 not received).
+(``send->2``: a send to rank 2 not finished; ``recv<-1``: a message from rank 1 not received;
+``shm<-1``: a one-host algorithm waiting for rank 1's writes to the node-shared segment).
 
 - :func:`dump` prints it, for every process group of this process (of this rank's thread in
   ``xccl.launch(mode="threads")``); with ``all_ranks=True``, called by every rank, rank 0
@@ -37,6 +38,11 @@ _ROW = re.compile(
 )
 # What the engine's timeout message says the operation was waiting for.
 _WAIT_PHRASE = re.compile(r"(a send to|a message from) (?:rank (\d+)|any rank)")
+# ... or, for one-host algorithms, for a rank's writes to the node-shared segment.
+_SHM_WAIT_PHRASE = re.compile(
+    r"waiting for (?:rank (\d+) \(pid \d+\) to (?:write|create) the node-shared segment|"
+    r"writes of several ranks to the node-shared segment)"
+)
 _TIMEOUT_OP = re.compile(
     r"^(?P<op>\S+) \(algo (?P<algo>\S+), seq (?P<seq>\d+)\) on comm '(?P<comm>[^']*)' timed out"
 )
@@ -127,6 +133,8 @@ def _waits_from_message(message: str) -> list[str]:
     for kind, peer in _WAIT_PHRASE.findall(message):
         arrow = "send->" if kind == "a send to" else "recv<-"
         waits.append(arrow + (peer if peer else "any"))
+    for peer in _SHM_WAIT_PHRASE.findall(message):
+        waits.append("shm<-" + (peer if peer else "any"))
     return waits
 
 
