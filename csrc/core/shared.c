@@ -395,6 +395,7 @@ static xccl_status_t seg_attach(xccl_comm_t *comm, struct xccl_shseg *s)
     const shseg_hdr_t *h;
     struct stat        sb;
     uint32_t           n;
+    uint64_t           magic;
 
     if (s->map == NULL) {
         int   fd = shm_open(s->name, O_RDWR | O_CLOEXEC, 0);
@@ -428,13 +429,13 @@ static xccl_status_t seg_attach(xccl_comm_t *comm, struct xccl_shseg *s)
         s->hdr = m;
     }
     h = s->hdr;
-    if (atomic_load_explicit(&s->hdr->magic, memory_order_acquire) != SHSEG_MAGIC) {
-        if (atomic_load_explicit(&s->hdr->magic, memory_order_relaxed) == 0)
-            return XCCL_INPROGRESS; /* sized, not filled in yet */
+    /* loaded once: rank 0 may store it between two loads (a 0 then the magic read as neither) */
+    magic = atomic_load_explicit(&s->hdr->magic, memory_order_acquire);
+    if (magic == 0) return XCCL_INPROGRESS; /* sized, not filled in yet */
+    if (magic != SHSEG_MAGIC)
         return seg_fail(s, XCCL_ERR_REMOTE,
                         "comm '%s' rank %d: %s is not a node-shared segment of this version",
                         comm->name, comm->rank, s->name);
-    }
     if (h->version != SHSEG_VERSION || h->size != (uint32_t)comm->size ||
         h->job_id != comm->ctx->job_id || h->comm_id != comm->id || h->bytes != s->bytes ||
         h->total != s->total)
