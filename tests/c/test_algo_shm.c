@@ -855,8 +855,11 @@ static void test_select(void)
     CHECK(xccl_algo_select(&a, 16, 8, &m, NULL, &out) == XCCL_OK &&
           out == &xccl_algo_allreduce_shm);
     a.count = 1 << 20;
-    CHECK(xccl_algo_select(&a, 16, 4u << 20, &m, NULL, &out) == XCCL_OK &&
-          out == &xccl_algo_allreduce_cma);
+    CHECK(xccl_algo_select(&a, 16, 4u << 20, &m, NULL, &out) == XCCL_OK && out->shared == 0);
+    a.coll = XCCL_COLL_ALLGATHER; /* all_reduce by cma is forced only (select.c) */
+    CHECK(xccl_algo_select(&a, 16, 64u << 20, &m, NULL, &out) == XCCL_OK &&
+          out == &xccl_algo_allgather_cma);
+    a.coll = XCCL_COLL_ALLREDUCE;
     a.topo = &topo_seg;
     CHECK(xccl_algo_select(&a, 16, 4u << 20, &m, NULL, &out) == XCCL_OK && out->shared == 0);
     a.topo  = &topo_none;
