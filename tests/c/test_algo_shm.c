@@ -865,6 +865,11 @@ static void test_select(void)
     a.topo  = &topo_none;
     a.count = 2;
     CHECK(xccl_algo_select(&a, 16, 8, &m, NULL, &out) == XCCL_OK && out->shared == 0);
+    /* fewer than 8 ranks: the message-based rules (measured on the 2-core VM) */
+    a.topo = &topo_cma;
+    CHECK(xccl_algo_select(&a, 4, 8, &m, NULL, &out) == XCCL_OK && out->shared == 0);
+    CHECK(xccl_algo_select(&a, 8, 8, &m, NULL, &out) == XCCL_OK &&
+          out == &xccl_algo_allreduce_shm);
     /* forcing: by name, and a clear error where it cannot run */
     a.topo = &topo_cma;
     CHECK(xccl_algo_select(&a, 4, 8, &m, "cma", &out) == XCCL_OK &&
