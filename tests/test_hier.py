@@ -120,10 +120,11 @@ def test_hier_over_shm_and_tcp(tmp_path, hosts):
         if in_first_host:
             algo, v, model_algo, u = out["one_host"]
             members = hosts.count(hosts[0])
-            # ranks of one host share a segment: the one-host algorithm, by the selection rule
-            # and by the model (one flag step, no message round)
+            # ranks of one host share a segment: the model prices the one-host algorithm
+            # lowest (one flag step, no message round); the rules keep the message-based ones
+            # below 8 ranks (select.c), the measured rule for scarce CPUs picking direct first
             assert model_algo == expected["one_host"], (rank, model_algo)
-            assert algo == "shm", (rank, algo)
+            assert algo in ("rd", "direct"), (rank, algo)
             np.testing.assert_array_equal(v, np.full(4, float(members)))
             np.testing.assert_array_equal(u, np.full(4, 2.0 * members))
 

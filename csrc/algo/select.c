@@ -86,6 +86,10 @@ static const struct builtin_rule {
     {XCCL_COLL_BROADCAST, 1 << 20, SIZE_MAX, 1, 0, "linear"},
 };
 
+/* Groups from this size on a host with a node-shared segment run the one-host algorithms by
+ * default (below: xccl_algo_select). */
+#define ONE_HOST_MIN_RANKS 8
+
 /* Internal, for tests (not in algo.h): the next selection reads $XCCL_ALGO again. */
 void xccl_algo_reset_env(void);
 
@@ -296,11 +300,14 @@ xccl_status_t xccl_algo_select(const xccl_coll_args_t *args, int size, size_t nb
     if (found && strcmp(algo, "auto") != 0) return choose_named(args, size, algo, why, out);
     /* "auto" (per call or by a rule) asks for the model itself */
     one_node = args->topo == NULL || args->topo->nnodes == 1;
-    /* One host sharing a segment (topo->shared, task.h): the one-host algorithms replace the
-     * message-based schedules - "shm" (segment slots) where the call fits its slots, else
-     * "cma" (cross-memory reads) where the OS allows; otherwise the rules below. Not measured
-     * on a many-core host yet (docs/selection.md); a tuning table replaces this block. */
-    if (!found && !model_only && size > 1 && args->topo != NULL &&
+    /* One host sharing a segment (topo->shared, task.h), from ONE_HOST_MIN_RANKS ranks: the
+     * one-host algorithms replace the message-based schedules - "shm" (segment slots) where
+     * the call fits its slots, else "cma" (cross-memory reads) where the OS allows; otherwise
+     * the rules below. Below that size the message-based rules stay: at np=2 and 4 on the
+     * 2-core VM they were as fast or faster at most sizes (e.g. np=2 all_gather 32 KiB-1 MiB
+     * 3.5-47 us against cma's 6.8-68, broadcast 8 B 0.65 against shm's 1.0 us). Not measured
+     * on a many-core host yet; a tuning table replaces this block. */
+    if (!found && !model_only && size >= ONE_HOST_MIN_RANKS && args->topo != NULL &&
         (args->topo->shared & XCCL_SHARED_SEG)) {
         static const char *const one_host[] = {"shm", "cma"};
         for (size_t i = 0; i < sizeof(one_host) / sizeof(one_host[0]); i++) {
@@ -309,6 +316,10 @@ xccl_status_t xccl_algo_select(const xccl_coll_args_t *args, int size, size_t nb
             /* all_to_all_v's slots hold small blocks only: beyond them it needs CMA */
             if (args->coll == XCCL_COLL_ALLTOALLV && !(args->topo->shared & XCCL_SHARED_CMA))
                 continue;
+            /* all_reduce by cross-memory reads lost to the message-based rules below at every
+             * size from 32 KiB to 16 MiB on the 2-core VM (np=2: 60-99 vs 27-32 us at 256
+             * KiB, 2.9-3.3 vs 2.0-2.4 ms at 16 MiB): forced only, until measured elsewhere */
+            if (args->coll == XCCL_COLL_ALLREDUCE && strcmp(one_host[i], "cma") == 0) continue;
             *out = a;
             return XCCL_OK;
         }
@@ -331,6 +342,9 @@ xccl_status_t xccl_algo_select(const xccl_coll_args_t *args, int size, size_t nb
     for (int i = 0; list[i] != NULL; i++) {
         double t;
         if (list[i]->applicable != NULL && !list[i]->applicable(args, size)) continue;
+        /* below ONE_HOST_MIN_RANKS the one-host algorithms run when forced or asked of the
+         * model itself ("auto"), not by default (see the block above) */
+        if (list[i]->shared && !model_only && size < ONE_HOST_MIN_RANKS) continue;
         t = xccl_algo_predict_args(list[i], args, m, size, nbytes);
         if (best == NULL || t < best_t) {
             best   = list[i];

@@ -855,13 +855,21 @@ static void test_select(void)
     CHECK(xccl_algo_select(&a, 16, 8, &m, NULL, &out) == XCCL_OK &&
           out == &xccl_algo_allreduce_shm);
     a.count = 1 << 20;
-    CHECK(xccl_algo_select(&a, 16, 4u << 20, &m, NULL, &out) == XCCL_OK &&
-          out == &xccl_algo_allreduce_cma);
+    CHECK(xccl_algo_select(&a, 16, 4u << 20, &m, NULL, &out) == XCCL_OK && out->shared == 0);
+    a.coll = XCCL_COLL_ALLGATHER; /* all_reduce by cma is forced only (select.c) */
+    CHECK(xccl_algo_select(&a, 16, 64u << 20, &m, NULL, &out) == XCCL_OK &&
+          out == &xccl_algo_allgather_cma);
+    a.coll = XCCL_COLL_ALLREDUCE;
     a.topo = &topo_seg;
     CHECK(xccl_algo_select(&a, 16, 4u << 20, &m, NULL, &out) == XCCL_OK && out->shared == 0);
     a.topo  = &topo_none;
     a.count = 2;
     CHECK(xccl_algo_select(&a, 16, 8, &m, NULL, &out) == XCCL_OK && out->shared == 0);
+    /* fewer than 8 ranks: the message-based rules (measured on the 2-core VM) */
+    a.topo = &topo_cma;
+    CHECK(xccl_algo_select(&a, 4, 8, &m, NULL, &out) == XCCL_OK && out->shared == 0);
+    CHECK(xccl_algo_select(&a, 8, 8, &m, NULL, &out) == XCCL_OK &&
+          out == &xccl_algo_allreduce_shm);
     /* forcing: by name, and a clear error where it cannot run */
     a.topo = &topo_cma;
     CHECK(xccl_algo_select(&a, 4, 8, &m, "cma", &out) == XCCL_OK &&
