@@ -33,7 +33,7 @@
  *              and XCCL_SHARED_CMA=0 are named), a peer that exited (ESRCH: XCCL_ERR_REMOTE).
  *   sweep      a name left by a dead process is removed at the next context creation; a name
  *              whose creator holds its lock, and a fresh one of a live process, are not.
- *   real       the registry's one-host algorithms (the default on one host) on 6 ranks:
+ *   real       the registry's one-host algorithms ("shm", else "cma") on 6 ranks:
  *              results, no name left, the last rank killed inside an all_reduce is named.
  */
 #include <dirent.h>
@@ -943,9 +943,20 @@ static int32_t rval(int k, int r, size_t i)
     return (int32_t)((i * 13 + (size_t)r * 101 + (size_t)k) % 1000);
 }
 
-/* The default choice on a one-host communicator is a shared algorithm; results against sums
- * computed here; no name left once all attached; then the last rank is killed inside an
- * all_reduce and the others fail naming it, within seconds. */
+/* The registry's one-host algorithm for a call of n int32 (its slots' "shm" where it fits,
+ * else cross-memory "cma"): forced, so that the test does not depend on where the selector
+ * starts choosing them. */
+static const char *one_host(xccl_coll_t coll, size_t n, int size)
+{
+    xccl_coll_args_t   shape = {.coll = coll, .count = n, .elsize = 4};
+    const xccl_algo_t *a     = xccl_algo_policy.find(coll, "shm");
+
+    return a != NULL && (a->applicable == NULL || a->applicable(&shape, size)) ? "shm" : "cma";
+}
+
+/* The one-host algorithms through the core on real ranks: results against sums computed here;
+ * no name left once all attached; then the last rank is killed inside an all_reduce and the
+ * others fail naming it, within seconds. */
 static int child_real(int rank, int size, void *unused)
 {
     static const size_t counts[] = {1, 1000, 300000};
@@ -967,10 +978,11 @@ static int child_real(int rank, int size, void *unused)
         const xccl_algo_t *a;
         for (size_t i = 0; i < n; i++)
             buf[i] = rval((int)k, rank, i);
-        CHECK(xccl_allreduce(c, buf, buf, n, XCCL_INT32, XCCL_OP_SUM, NULL, &w) == XCCL_OK);
+        xccl_coll_opts_t o = {.algo = one_host(XCCL_COLL_ALLREDUCE, n, size)};
+        CHECK(xccl_allreduce(c, buf, buf, n, XCCL_INT32, XCCL_OP_SUM, &o, &w) == XCCL_OK);
         CHECK_MSG((st = xccl_work_wait(w, 60000)) == XCCL_OK, "n=%zu: %s", n, xccl_work_error(w));
         a = xccl_algo_policy.find(XCCL_COLL_ALLREDUCE, xccl_work_algo(w));
-        CHECK_MSG(a != NULL && a->shared, "n=%zu: all_reduce chose %s", n, xccl_work_algo(w));
+        CHECK_MSG(a != NULL && a->shared, "n=%zu: all_reduce ran %s", n, xccl_work_algo(w));
         xccl_work_release(w);
         for (size_t i = 0; i < n; i++) {
             int32_t sum = 0;
@@ -984,7 +996,8 @@ static int child_real(int rank, int size, void *unused)
         }
         for (size_t i = 0; i < n; i++)
             buf[i] = rval((int)k + 7, rank, i);
-        CHECK(xccl_allgather(c, buf, out, n, XCCL_INT32, NULL, &w) == XCCL_OK);
+        o.algo = one_host(XCCL_COLL_ALLGATHER, n, size);
+        CHECK(xccl_allgather(c, buf, out, n, XCCL_INT32, &o, &w) == XCCL_OK);
         CHECK_MSG(xccl_work_wait(w, 60000) == XCCL_OK, "n=%zu: %s", n, xccl_work_error(w));
         xccl_work_release(w);
         for (int r = 0; r < size; r++) {
@@ -1005,7 +1018,10 @@ static int child_real(int rank, int size, void *unused)
     CHECK(wait_flag(&SH->ready[2], 1, 30));
     snprintf(want, sizeof(want), "rank %d (pid %d)", size - 1, (int)c->ctx->peers[size - 1].pid);
     t0 = now_s();
-    CHECK(xccl_allreduce(c, buf, buf, 1000, XCCL_INT32, XCCL_OP_SUM, NULL, &w) == XCCL_OK);
+    {
+        xccl_coll_opts_t o = {.algo = one_host(XCCL_COLL_ALLREDUCE, 1000, size)};
+        CHECK(xccl_allreduce(c, buf, buf, 1000, XCCL_INT32, XCCL_OP_SUM, &o, &w) == XCCL_OK);
+    }
     st = xccl_work_wait(w, 60000);
     show("real dead", w);
     CHECK_MSG(st == XCCL_ERR_REMOTE && strstr(xccl_work_error(w), want) != NULL,
