@@ -262,20 +262,22 @@ static xccl_status_t choose_named(const xccl_coll_args_t *args, int size, const 
                       xccl_dtype_name(args->dtype), valid);
 }
 
-xccl_status_t xccl_algo_select(const xccl_coll_args_t *args, int size, size_t nbytes,
-                               const xccl_cost_model_t *m, const char *forced,
-                               const xccl_algo_t **out)
+xccl_status_t xccl_algo_select_source(const xccl_coll_args_t *args, int size, size_t nbytes,
+                                      const xccl_cost_model_t *m, const char *forced,
+                                      const xccl_algo_t **out, const char **source)
 {
     const xccl_algo_t *const *list;
     const xccl_algo_t        *best = NULL;
     double                    best_t = 0;
     char                      algo[NAME_MAX_LEN], why[160], msg[sizeof(env_error)];
     xccl_status_t             st;
+    const char               *tuned;
     int                       found = 0, model_only, one_node;
 
     if (args == NULL || out == NULL || (unsigned)args->coll >= XCCL_COLL_COUNT || size < 1)
         return XCCL_ERROR(XCCL_ERR_INVALID_ARG, "algorithm selection: bad arguments");
     if (m == NULL) m = &default_model;
+    *source = "forced";
     if (forced != NULL && *forced != '\0' && strcmp(forced, "auto") != 0)
         return choose_named(args, size, forced, "requested by the call", out);
     model_only = forced != NULL && strcmp(forced, "auto") == 0;
@@ -293,10 +295,27 @@ xccl_status_t xccl_algo_select(const xccl_coll_args_t *args, int size, size_t nb
     }
     pthread_mutex_unlock(&env_lock);
     if (st != XCCL_OK) return XCCL_ERROR(st, "%s", msg);
+    *source = "env";
     if (found && strcmp(algo, "auto") != 0) return choose_named(args, size, algo, why, out);
-    /* "auto" (per call or by a rule) asks for the model itself */
+    /* "auto" (per call or by a rule) asks for the model itself. A tuning table (the core sets
+     * topo->tune only where it was measured: this host, this transport, one node) replaces the
+     * built-in rules; where it has no choice, or its choice cannot run these arguments (the
+     * measurement used other counts), its fitted model (m) decides. */
     one_node = args->topo == NULL || args->topo->nnodes == 1;
+    tuned    = NULL;
+    if (!found && !model_only && args->topo != NULL && args->topo->tune != NULL && one_node)
+        tuned = xccl_tune_lookup(args->topo->tune, args->coll, size, nbytes);
+    if (tuned != NULL) {
+        const xccl_algo_t *a = xccl_algo_find(args->coll, tuned);
+        if (a != NULL && (a->applicable == NULL || a->applicable(args, size))) {
+            *source = "table";
+            *out    = a;
+            return XCCL_OK;
+        }
+    }
+    *source = "rule";
     for (size_t i = 0; !found && !model_only && one_node && size > 1 &&
+                       (args->topo == NULL || args->topo->tune == NULL) &&
                        i < sizeof(builtin_rules) / sizeof(builtin_rules[0]);
          i++) {
         const struct builtin_rule *b = &builtin_rules[i];
@@ -310,7 +329,8 @@ xccl_status_t xccl_algo_select(const xccl_coll_args_t *args, int size, size_t nb
         return XCCL_OK;
     }
 
-    list = xccl_algo_list(args->coll);
+    *source = "model";
+    list    = xccl_algo_list(args->coll);
     for (int i = 0; list[i] != NULL; i++) {
         double t;
         if (list[i]->applicable != NULL && !list[i]->applicable(args, size)) continue;
@@ -327,6 +347,15 @@ xccl_status_t xccl_algo_select(const xccl_coll_args_t *args, int size, size_t nb
                           xccl_dtype_name(args->dtype));
     *out = best;
     return XCCL_OK;
+}
+
+xccl_status_t xccl_algo_select(const xccl_coll_args_t *args, int size, size_t nbytes,
+                               const xccl_cost_model_t *m, const char *forced,
+                               const xccl_algo_t **out)
+{
+    const char *source;
+
+    return xccl_algo_select_source(args, size, nbytes, m, forced, out, &source);
 }
 
 static struct xccl_algo_memo_slot *memo_slot(xccl_algo_memo_t *memo, const xccl_coll_args_t *a,
