@@ -49,7 +49,8 @@ def explain(coll: str, nbytes: int, size: int,
     rank on it), reduce_bytes (combined locally), copy_bytes (copied through memory by the
     rank itself), predicted_s (alpha * steps + beta * bytes + gamma * reduce_bytes + delta *
     copy_bytes), applicable (bool), chosen (bool: what xccl would run, honouring $XCCL_ALGO)
-    and source (on the chosen row: "env", "table", "rule" or "model", else ""). `model` is (alpha s, beta s/byte, gamma s/byte); None: default_model().
+    and source (on the chosen row: "env", "table", "rule" or "model", else ""). `model` is
+    (alpha s, beta s/byte, gamma s/byte); None: default_model().
     ValueError for an unknown collective."""
 def default_model() -> tuple[float, float, float]:
     """(alpha s, beta s/byte, gamma s/byte) of the built-in cost model."""

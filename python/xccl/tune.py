@@ -267,8 +267,9 @@ def make_table(times: Sequence[Sequence[Any]], terms: Sequence[Sequence[Any]],
         f"host transport={transport} cores={cores} cpu={cpu}",
         "# seconds ~ alpha*steps + beta*bytes + gamma*reduce_bytes + delta*copy_bytes, fitted "
         f"to {len(samples)} measurements"
-        + "".join(f"; {k} not measured (default)" for k, ok in zip(COEFFS, known) if not ok),
-        "model " + " ".join(f"{k}={v:.6g}" for k, v in zip(COEFFS, coef)),
+        + "".join(f"; {k} not measured (default)"
+                  for k, ok in zip(COEFFS, known, strict=True) if not ok),
+        "model " + " ".join(f"{k}={v:.6g}" for k, v in zip(COEFFS, coef, strict=True)),
     ]
     order = {c: i for i, c in enumerate(COLLECTIVES)}
     for (coll, np_), per_size in sorted(by_key.items(), key=lambda kv: (order.get(kv[0][0], 99),
@@ -285,7 +286,7 @@ def make_table(times: Sequence[Sequence[Any]], terms: Sequence[Sequence[Any]],
             lines.append(f"choose {coll} np={np_} bytes={spans[i][0]}-{spans[j][1]} "
                          f"algo={winners[i]}")
             i = j + 1
-        for s, w in zip(sizes, winners):
+        for s, w in zip(sizes, winners, strict=True):
             ts = " ".join(f"{a}={t:.4g}" for a, t in sorted(per_size[s].items(),
                                                               key=lambda kv: kv[1]))
             lines.append(f"meas {coll} np={np_} bytes={s} best={w} {ts}")
@@ -361,7 +362,8 @@ def tune(nps: Sequence[int], colls: Sequence[str] = COLLECTIVES,
         os.close(fd)
         stop = threading.Event()
 
-        def follow(path: str = path, base: int = base, n: int = n) -> None:
+        def follow(path: str = path, base: int = base,
+                   stop: threading.Event = stop) -> None:
             seen = 0
             while not stop.is_set():
                 try:
