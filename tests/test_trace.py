@@ -218,8 +218,8 @@ def test_bindings_on_a_single_rank():
         _C.explain("all_reduce", 8, 2, (1.0, 2.0))
     rows = _C.explain("broadcast", 1024, 4, (1e-6, 1e-9, 0.0))
     assert {r["name"] for r in rows} >= {"binomial", "linear"}
-    assert all(set(r) == {"name", "summary", "steps", "bytes", "reduce_bytes", "predicted_s",
-                          "applicable", "chosen"} for r in rows)
+    assert all(set(r) == {"name", "summary", "steps", "bytes", "reduce_bytes", "copy_bytes",
+                          "predicted_s", "applicable", "chosen", "source"} for r in rows)
 
 
 # ------------------------------------------------------------------------------------ model

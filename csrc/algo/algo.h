@@ -49,10 +49,10 @@ xccl_status_t xccl_algo_select_source(const xccl_coll_args_t *args, int size, si
  * table chose for (coll, size ranks, nbytes), or NULL where it has no choice. xccl_tune_host:
  * this host's signature (CPU model, online cores). */
 xccl_status_t xccl_tune_load(const char *path, xccl_tune_t **out, uint64_t *hash);
-int           xccl_tune_applies(const xccl_tune_t *t, const char *transport,
-                                xccl_cost_model_t *m, char *why, size_t len);
-void          xccl_tune_free(xccl_tune_t *t);
-const char   *xccl_tune_lookup(const xccl_tune_t *t, xccl_coll_t coll, int size, size_t nbytes);
-void          xccl_tune_host(char *cpu, size_t len, int *cores);
+int  xccl_tune_applies(const xccl_tune_t *t, const char *transport, xccl_cost_model_t *m, char *why,
+                       size_t len);
+void xccl_tune_free(xccl_tune_t *t);
+const char *xccl_tune_lookup(const xccl_tune_t *t, xccl_coll_t coll, int size, size_t nbytes);
+void        xccl_tune_host(char *cpu, size_t len, int *cores);
 
 #endif /* XCCL_ALGO_ALGO_H */

@@ -41,14 +41,14 @@ typedef struct tune_choice {
 } tune_choice_t;
 
 struct xccl_tune {
-    char           path[512];
-    char           cpu[128];
-    char           transport[32];
-    int            cores;
-    int            has_model;
+    char              path[512];
+    char              cpu[128];
+    char              transport[32];
+    int               cores;
+    int               has_model;
     xccl_cost_model_t model;
-    int            n, cap;
-    tune_choice_t *choice;
+    int               n, cap;
+    tune_choice_t    *choice;
 };
 
 /* This host's CPU model (first "model name" of /proc/cpuinfo, "unknown" without one) and
@@ -65,7 +65,8 @@ void xccl_tune_host(char *cpu, size_t len, int *cores)
         size_t klen;
         if (colon == NULL || strncmp(line, "model name", 10) != 0) continue;
         klen = (size_t)(colon - line);
-        while (klen > 10 && isspace((unsigned char)line[klen - 1])) klen--;
+        while (klen > 10 && isspace((unsigned char)line[klen - 1]))
+            klen--;
         if (klen != 10) continue;
         for (v = colon + 1; isspace((unsigned char)*v); v++) {
         }
@@ -83,7 +84,8 @@ static uint64_t fnv1a(const char *p, size_t n)
 {
     uint64_t h = 0xcbf29ce484222325ull;
 
-    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)p[i]) * 0x100000001b3ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ (unsigned char)p[i]) * 0x100000001b3ull;
     return h ? h : 1;
 }
 
@@ -104,10 +106,12 @@ static int field(const char **s, const char *end, const char **f, size_t *n)
 {
     const char *p = *s;
 
-    while (p < end && isspace((unsigned char)*p)) p++;
+    while (p < end && isspace((unsigned char)*p))
+        p++;
     if (p == end) return 0;
     *f = p;
-    while (p < end && !isspace((unsigned char)*p)) p++;
+    while (p < end && !isspace((unsigned char)*p))
+        p++;
     *n = (size_t)(p - *f);
     *s = p;
     return 1;
@@ -204,7 +208,8 @@ static int parse_line(xccl_tune_t *t, const char *s, const char *end, int *seen_
                 got |= 2;
             } else if (keyval(f, n, "cpu", &v, &vn)) { /* the rest of the line */
                 const char *e = end;
-                while (e > v && isspace((unsigned char)e[-1])) e--;
+                while (e > v && isspace((unsigned char)e[-1]))
+                    e--;
                 if (e == v || (size_t)(e - v) >= sizeof(t->cpu)) goto badval;
                 snprintf(t->cpu, sizeof(t->cpu), "%.*s", (int)(e - v), v);
                 got |= 4;
@@ -242,7 +247,7 @@ static int parse_line(xccl_tune_t *t, const char *s, const char *end, int *seen_
     }
     if ((n == 6 && strncmp(f, "choose", 6) == 0) || (n == 4 && strncmp(f, "meas", 4) == 0)) {
         int           choose = n == 6, got = 0;
-        tune_choice_t c      = {0};
+        tune_choice_t c = {0};
         if (!*seen_host) {
             snprintf(why, len, "'%.*s' before the host line", (int)n, f);
             return -1;
@@ -270,8 +275,7 @@ static int parse_line(xccl_tune_t *t, const char *s, const char *end, int *seen_
                 if (vn >= sizeof(c.algo)) goto badval;
                 snprintf(c.algo, sizeof(c.algo), "%.*s", (int)vn, v);
                 if (xccl_algo_find(c.coll, c.algo) == NULL) {
-                    snprintf(why, len, "%s has no algorithm '%s'", xccl_coll_name(c.coll),
-                             c.algo);
+                    snprintf(why, len, "%s has no algorithm '%s'", xccl_coll_name(c.coll), c.algo);
                     return -1;
                 }
                 got |= 4;
@@ -328,7 +332,7 @@ xccl_status_t xccl_tune_load(const char *path, xccl_tune_t **out, uint64_t *hash
 {
     FILE         *f;
     char         *buf = NULL, why[256];
-    size_t        n = 0;
+    size_t        n   = 0;
     xccl_tune_t  *t;
     int           lineno = 0, seen_version = 0, seen_host = 0;
     xccl_status_t st;
@@ -364,8 +368,7 @@ xccl_status_t xccl_tune_load(const char *path, xccl_tune_t **out, uint64_t *hash
             goto bad_line;
         }
         hashc = memchr(s, '#', (size_t)(end - s));
-        if (parse_line(t, s, hashc ? hashc : end, &seen_version, &seen_host, why,
-                       sizeof(why)) != 0)
+        if (parse_line(t, s, hashc ? hashc : end, &seen_version, &seen_host, why, sizeof(why)) != 0)
             goto bad_line;
     }
     if (!seen_version || !seen_host) {
@@ -387,8 +390,8 @@ fail:
     return st;
 }
 
-int xccl_tune_applies(const xccl_tune_t *t, const char *transport, xccl_cost_model_t *m,
-                        char *why, size_t len)
+int xccl_tune_applies(const xccl_tune_t *t, const char *transport, xccl_cost_model_t *m, char *why,
+                      size_t len)
 {
     char cpu[128];
     int  cores;
@@ -416,9 +419,7 @@ const char *xccl_tune_lookup(const xccl_tune_t *t, xccl_coll_t coll, int size, s
 {
     for (int i = 0; t != NULL && i < t->n; i++) {
         const tune_choice_t *c = &t->choice[i];
-        if (c->coll == coll && c->np == size && c->lo <= nbytes && nbytes <= c->hi)
-            return c->algo;
+        if (c->coll == coll && c->np == size && c->lo <= nbytes && nbytes <= c->hi) return c->algo;
     }
     return NULL;
 }
-

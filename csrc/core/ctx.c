@@ -311,8 +311,8 @@ static xccl_status_t tune_agree(const xccl_ctx_t *ctx, const xccl_addr_rec_t *re
                                 const char *my_err)
 {
     char     msg[768];
-    size_t   at = 0;
-    uint64_t h0 = 0;
+    size_t   at  = 0;
+    uint64_t h0  = 0;
     int      bad = 0;
 
     if (mine < 0) return XCCL_ERROR(mine, "comm create on rank %d: %s", ctx->rank, my_err);
@@ -333,8 +333,10 @@ static xccl_status_t tune_agree(const xccl_ctx_t *ctx, const xccl_addr_rec_t *re
             memcpy(&s, rec->tail + 8, 4);
             memcpy(&n, rec->tail + 12, 2);
             if (n > 256 || 14 + (size_t)n > rec->tail_len)
-                return XCCL_ERROR(XCCL_ERR_REMOTE, "bootstrap: malformed tuning record from "
-                                                   "rank %d", r);
+                return XCCL_ERROR(XCCL_ERR_REMOTE,
+                                  "bootstrap: malformed tuning record from "
+                                  "rank %d",
+                                  r);
             path = (const char *)rec->tail + 14;
         } else {
             n = (uint16_t)strnlen(path, 256);
@@ -348,10 +350,9 @@ static xccl_status_t tune_agree(const xccl_ctx_t *ctx, const xccl_addr_rec_t *re
         if (r == 0 || h != h0) {
             if (h != h0) bad++;
             if (at < sizeof(msg))
-                at += (size_t)snprintf(msg + at, sizeof(msg) - at,
-                                       "%srank %d: %s%.*s (hash %016llx)", at ? ", " : "", r,
-                                       n ? "XCCL_TUNE_FILE=" : "no table", (int)n, path,
-                                       (unsigned long long)h);
+                at += (size_t)snprintf(
+                    msg + at, sizeof(msg) - at, "%srank %d: %s%.*s (hash %016llx)", at ? ", " : "",
+                    r, n ? "XCCL_TUNE_FILE=" : "no table", (int)n, path, (unsigned long long)h);
         }
     }
     if (bad == 0) return XCCL_OK;
@@ -487,8 +488,7 @@ xccl_status_t xccl_ctx_create(const xccl_comm_config_t *cfg, xccl_ctx_t **out)
             .auth_key = key_p, .auth_key_len = key_p ? key_l : 0, .cpus_scarce = scarce,
         };
         size_t off;
-        rec = calloc(1, 4 + (size_t)XCCL_MAX_TRANSPORTS * (20 + XCCL_TP_ADDR_MAX) +
-                            TUNE_TAIL_MAX);
+        rec = calloc(1, 4 + (size_t)XCCL_MAX_TRANSPORTS * (20 + XCCL_TP_ADDR_MAX) + TUNE_TAIL_MAX);
         if (rec == NULL) {
             st = XCCL_ERROR(XCCL_ERR_NO_MEMORY, "comm create: out of memory");
             goto out;

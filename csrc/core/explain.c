@@ -90,7 +90,9 @@ static int explain_rows(const xccl_coll_args_t *args, int size, size_t nbytes,
         o->reduce_bytes = cost.reduce_bytes + inter.reduce_bytes;
         o->copy_bytes   = cost.copy_bytes + inter.copy_bytes;
         o->predicted_s  = xccl_algo_policy.predict(a, args, m, size, nbytes);
-        o->applicable   = a->applicable == NULL || a->applicable(args, size);
+        o->applicable =
+            (a->applicable == NULL || a->applicable(args, size)) &&
+            (!a->shared || (args->topo != NULL && (args->topo->shared & XCCL_SHARED_SEG)));
         o->chosen       = a == chosen;
         if (o->chosen) snprintf(o->source, sizeof(o->source), "%s", source);
     }

@@ -339,7 +339,7 @@ typedef struct xccl_algo_info {
     /* on the chosen row, where the choice came from: "env" ($XCCL_ALGO), "table" (a tuning
      * table, $XCCL_TUNE_FILE), "rule" (a built-in rule) or "model" (the cost model); "" on
      * the others */
-    char   source[16];
+    char source[16];
 } xccl_algo_info_t;
 
 /* Every algorithm of collective `coll` ("all_reduce", "broadcast", ...) for `size` ranks and a
