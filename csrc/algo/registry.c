@@ -6,6 +6,7 @@
  * installs the selection policy the core calls (xccl_algo_policy, core/task.h).
  */
 #include "algo/algo.h"
+#include "algo/shm.h"
 
 #include <string.h>
 
@@ -25,33 +26,59 @@ extern const xccl_algo_t xccl_algo_alltoall_pairwise, xccl_algo_alltoall_bruck,
     xccl_algo_alltoall_linear;
 extern const xccl_algo_t xccl_algo_alltoallv_pairwise, xccl_algo_alltoallv_linear;
 extern const xccl_algo_t xccl_algo_barrier_dissemination, xccl_algo_barrier_linear;
+/* one host: through the node-shared segment's slots (shm.c), by cross-memory reads (shm_cma.c) */
+extern const xccl_algo_t xccl_algo_allreduce_shm, xccl_algo_broadcast_shm, xccl_algo_reduce_shm,
+    xccl_algo_allgather_shm, xccl_algo_gather_shm, xccl_algo_scatter_shm,
+    xccl_algo_reduce_scatter_shm, xccl_algo_alltoall_shm, xccl_algo_alltoallv_shm,
+    xccl_algo_barrier_shm;
+extern const xccl_algo_t xccl_algo_allreduce_cma, xccl_algo_broadcast_cma, xccl_algo_reduce_cma,
+    xccl_algo_allgather_cma, xccl_algo_gather_cma, xccl_algo_scatter_cma,
+    xccl_algo_reduce_scatter_cma, xccl_algo_alltoall_cma;
 
 static const xccl_algo_t *const allreduce_algos[] = {
-    &xccl_algo_allreduce_ring, &xccl_algo_allreduce_rd, &xccl_algo_allreduce_rabenseifner,
-    &xccl_algo_allreduce_direct, &xccl_algo_allreduce_owner, &xccl_algo_allreduce_hier,
-    &xccl_algo_allreduce_hier_rs, NULL};
-static const xccl_algo_t *const broadcast_algos[] = {
-    &xccl_algo_broadcast_binomial, &xccl_algo_broadcast_linear,
-    &xccl_algo_broadcast_scatter_allgather, &xccl_algo_broadcast_chain, &xccl_algo_broadcast_hier,
-    NULL};
+    &xccl_algo_allreduce_ring,         &xccl_algo_allreduce_rd,
+    &xccl_algo_allreduce_rabenseifner, &xccl_algo_allreduce_direct,
+    &xccl_algo_allreduce_owner,        &xccl_algo_allreduce_hier,
+    &xccl_algo_allreduce_hier_rs,      &xccl_algo_allreduce_shm,
+    &xccl_algo_allreduce_cma,          NULL};
+static const xccl_algo_t *const broadcast_algos[] = {&xccl_algo_broadcast_binomial,
+                                                     &xccl_algo_broadcast_linear,
+                                                     &xccl_algo_broadcast_scatter_allgather,
+                                                     &xccl_algo_broadcast_chain,
+                                                     &xccl_algo_broadcast_hier,
+                                                     &xccl_algo_broadcast_shm,
+                                                     &xccl_algo_broadcast_cma,
+                                                     NULL};
 static const xccl_algo_t *const reduce_algos[] = {&xccl_algo_reduce_binomial,
-                                                  &xccl_algo_reduce_linear, NULL};
-static const xccl_algo_t *const allgather_algos[] = {
-    &xccl_algo_allgather_ring, &xccl_algo_allgather_rd, &xccl_algo_allgather_bruck,
-    &xccl_algo_allgather_direct, NULL};
-static const xccl_algo_t *const gather_algos[] = {&xccl_algo_gather_binomial,
-                                                  &xccl_algo_gather_linear, NULL};
-static const xccl_algo_t *const scatter_algos[] = {&xccl_algo_scatter_binomial,
-                                                   &xccl_algo_scatter_linear, NULL};
-static const xccl_algo_t *const reduce_scatter_algos[] = {
-    &xccl_algo_reduce_scatter_ring, &xccl_algo_reduce_scatter_rhd,
-    &xccl_algo_reduce_scatter_direct, &xccl_algo_reduce_scatter_owner, NULL};
-static const xccl_algo_t *const alltoall_algos[] = {
-    &xccl_algo_alltoall_pairwise, &xccl_algo_alltoall_bruck, &xccl_algo_alltoall_linear, NULL};
-static const xccl_algo_t *const alltoallv_algos[] = {&xccl_algo_alltoallv_pairwise,
-                                                     &xccl_algo_alltoallv_linear, NULL};
-static const xccl_algo_t *const barrier_algos[] = {&xccl_algo_barrier_dissemination,
-                                                   &xccl_algo_barrier_linear, NULL};
+                                                  &xccl_algo_reduce_linear, &xccl_algo_reduce_shm,
+                                                  &xccl_algo_reduce_cma, NULL};
+static const xccl_algo_t *const allgather_algos[] = {&xccl_algo_allgather_ring,
+                                                     &xccl_algo_allgather_rd,
+                                                     &xccl_algo_allgather_bruck,
+                                                     &xccl_algo_allgather_direct,
+                                                     &xccl_algo_allgather_shm,
+                                                     &xccl_algo_allgather_cma,
+                                                     NULL};
+static const xccl_algo_t *const gather_algos[]  = {&xccl_algo_gather_binomial,
+                                                   &xccl_algo_gather_linear, &xccl_algo_gather_shm,
+                                                   &xccl_algo_gather_cma, NULL};
+static const xccl_algo_t *const scatter_algos[] = {
+    &xccl_algo_scatter_binomial, &xccl_algo_scatter_linear, &xccl_algo_scatter_shm,
+    &xccl_algo_scatter_cma, NULL};
+static const xccl_algo_t *const reduce_scatter_algos[] = {&xccl_algo_reduce_scatter_ring,
+                                                          &xccl_algo_reduce_scatter_rhd,
+                                                          &xccl_algo_reduce_scatter_direct,
+                                                          &xccl_algo_reduce_scatter_owner,
+                                                          &xccl_algo_reduce_scatter_shm,
+                                                          &xccl_algo_reduce_scatter_cma,
+                                                          NULL};
+static const xccl_algo_t *const alltoall_algos[]       = {
+    &xccl_algo_alltoall_pairwise, &xccl_algo_alltoall_bruck, &xccl_algo_alltoall_linear,
+    &xccl_algo_alltoall_shm,      &xccl_algo_alltoall_cma,   NULL};
+static const xccl_algo_t *const alltoallv_algos[] = {
+    &xccl_algo_alltoallv_pairwise, &xccl_algo_alltoallv_linear, &xccl_algo_alltoallv_shm, NULL};
+static const xccl_algo_t *const barrier_algos[] = {
+    &xccl_algo_barrier_dissemination, &xccl_algo_barrier_linear, &xccl_algo_barrier_shm, NULL};
 
 /* Indexed by xccl_coll_t. */
 static const xccl_algo_t *const *const colls[XCCL_COLL_COUNT] = {
@@ -107,11 +134,10 @@ double xccl_algo_predict_args(const xccl_algo_t *a, const xccl_coll_args_t *args
            inter.copy_bytes * args->topo->inter.delta;
 }
 
-/* No algorithm uses the node-shared segment yet. */
+/* The one-host algorithms' segment: per rank a control block and two data slots (shm.h). */
 static size_t shared_bytes(int size)
 {
-    (void)size;
-    return 0;
+    return shm_segment_bytes(size);
 }
 
 const xccl_algo_policy_t xccl_algo_policy = {

@@ -7,7 +7,8 @@
  *   env      a rule of $XCCL_ALGO matching (collective, nbytes) (grammar below)
  *   table    the tuning table of the communicator (topo->tune: $XCCL_TUNE_FILE measured on
  *            this host and transport, one node; tune.c), for its np and a size in a range
- *   rule     a built-in rule (builtin_rules below), only where no table applies
+ *   rule     the one-host block (topo->shared: "shm", then "cma") or a built-in rule
+ *            (builtin_rules below), only where no table applies
  *   model    the α-β-γ-δ cost model: the applicable algorithm predicted fastest (with a
  *            table, its fitted model: the core passes it as topo->intra)
  *
@@ -347,6 +348,23 @@ xccl_status_t xccl_algo_select_source(const xccl_coll_args_t *args, int size, si
         }
     }
     *source = "rule";
+    /* One host sharing a segment (topo->shared, task.h): the one-host algorithms replace the
+     * message-based schedules - "shm" (segment slots) where the call fits its slots, else
+     * "cma" (cross-memory reads) where the OS allows; otherwise the rules below. Not measured
+     * on a many-core host yet (docs/selection.md); a tuning table replaces this block. */
+    if (!found && !model_only && size > 1 && args->topo != NULL && args->topo->tune == NULL &&
+        (args->topo->shared & XCCL_SHARED_SEG)) {
+        static const char *const one_host[] = {"shm", "cma"};
+        for (size_t i = 0; i < sizeof(one_host) / sizeof(one_host[0]); i++) {
+            const xccl_algo_t *a = xccl_algo_find(args->coll, one_host[i]);
+            if (a == NULL || (a->applicable != NULL && !a->applicable(args, size))) continue;
+            /* all_to_all_v's slots hold small blocks only: beyond them it needs CMA */
+            if (args->coll == XCCL_COLL_ALLTOALLV && !(args->topo->shared & XCCL_SHARED_CMA))
+                continue;
+            *out = a;
+            return XCCL_OK;
+        }
+    }
     for (size_t i = 0; !found && !model_only && one_node && size > 1 &&
                        (args->topo == NULL || args->topo->tune == NULL) &&
                        i < sizeof(builtin_rules) / sizeof(builtin_rules[0]);

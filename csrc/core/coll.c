@@ -811,7 +811,8 @@ xccl_status_t xccl_coll_progress(xccl_work_t *w)
     xccl_status_t st;
 
     if (!t->algo_done) {
-        st = t->algo->progress(t);
+        t->shared_wait = SHWAIT_NONE; /* the algorithm says again what it waits for */
+        st             = t->algo->progress(t);
         if (st != XCCL_OK || !w->active) return st;
         t->algo_done = 1;
         XCCL_CHECK(coll_epilogue(w));
@@ -959,7 +960,7 @@ static xccl_status_t coll_post(xccl_comm_t *comm, xccl_coll_args_t *a, xccl_op_t
     /* one-level algorithms are priced with the links they mostly cross: between nodes when
      * the members span several */
     a->topo = &comm->topo;
-    XCCL_CHECK(xccl_algo_policy.select(&comm->memo, a, comm->size, nbytes_model,
+    XCCL_CHECK(xccl_core_policy->select(&comm->memo, a, comm->size, nbytes_model,
                                      comm->topo.nnodes > 1 ? &comm->topo.inter
                                                            : &comm->topo.intra,
                                      opts ? opts->algo : NULL, &algo));
@@ -986,6 +987,7 @@ static xccl_status_t coll_post(xccl_comm_t *comm, xccl_coll_args_t *a, xccl_op_t
         return st;
     }
     w->seq = comm->next_seq++;
+    xccl_shared_post(w); /* its epoch, if its algorithm uses the node-shared segment */
     xccl_work_activate(w, blocking);
     /* messages of this operation that arrived early (the communicator's own lists): check
      * their fingerprints, and take the notices about it */

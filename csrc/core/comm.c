@@ -209,6 +209,7 @@ xccl_comm_t xccl_comm_gone = {.destroyed = 1, .name = "(destroyed)"};
 
 void xccl_comm_free(xccl_comm_t *c)
 {
+    xccl_shared_free(c);
     free(c->trace);
     free(c->broken);
     free(c->world);

@@ -203,6 +203,10 @@ struct xccl_comm {
     } flight[32];
     uint64_t     nflight;
     xccl_topo_t  topo;  /* nodes of the members and the α-β of links (topo.c)           */
+    /* node-shared memory (shared.c): the segment, mapped at the first grant (NULL before),
+     * and the number of collectives posted with a shared algorithm (the last epoch) */
+    struct xccl_shseg *shseg;
+    uint64_t          shared_posted;
     xccl_algo_memo_t memo; /* algorithms chosen for earlier call shapes (the policy)    */
     /* scratch kept from a finished operation, per memory type (coll.c) */
     void        *spare[XCCL_MEM_TYPES];
@@ -262,6 +266,21 @@ struct xccl_task {
     int                rank, size; /* sub-task: its own rank and member count              */
     uint32_t           step_base, step_span;
     xccl_task_t       *sub[XCCL_TASK_SUBS]; /* running sub-tasks (owned)                  */
+    /* node-shared memory (shared.c; the Work's own task only) */
+    uint64_t           shared_epoch;   /* 0: the algorithm does not use the segment        */
+    int                shared_granted; /* xccl_task_shared returned XCCL_OK                */
+    int                shared_wait;    /* why the last progress call returned INPROGRESS  */
+    int                shared_peer;    /* comm rank awaited (SHWAIT_WRITE, ATTACH); -1: several */
+    int64_t            shared_check_ms; /* next liveness check of the awaited ranks (0: unset) */
+};
+
+/* xccl_task_t.shared_wait: what a task of a shared algorithm waited for in its last progress
+ * call (reset before each call). */
+enum {
+    SHWAIT_NONE = 0,
+    SHWAIT_WRITE,  /* xccl_task_shared_wait: a flag that shared_peer (-1: several) writes     */
+    SHWAIT_ATTACH, /* the segment: rank 0 (shared_peer) has not created it yet                */
+    SHWAIT_TURN,   /* the grant: a collective of an earlier epoch is active on this rank      */
 };
 
 struct xccl_work {
@@ -308,6 +327,21 @@ typedef struct xccl_cursor {
     int                 dl; /* walks ctx->dl (else ctx->coll) */
     struct xccl_cursor *up;
 } xccl_cursor_t;
+
+/* What the core publishes about itself at bootstrap, after its xccl_peer_info_t in the same
+ * store record ("info/<rank>"): facts other ranks cannot see from outside, from which every
+ * rank computes the same answers (topo.shared). */
+enum {
+    XCCL_CI_SHARED = 1u << 0, /* $XCCL_SHARED is not 0 and an intra-host transport was asked
+                               * for (cleared after wire-up unless one started)             */
+    XCCL_CI_CMA    = 1u << 1, /* $XCCL_SHARED_CMA is not 0, process_vm_readv works here and
+                               * ptrace policy lets processes of our user read us           */
+};
+typedef struct xccl_core_info {
+    uint32_t flags;  /* XCCL_CI_*                                                        */
+    uint32_t uid;    /* effective uid                                                    */
+    uint64_t pid_ns; /* pid namespace (hash of /proc/self/ns/pid; 0: unknown)            */
+} xccl_core_info_t;
 
 typedef struct tp_slot {
     const xccl_transport_ops_t *ops;
@@ -411,6 +445,11 @@ struct xccl_ctx {
     int               stopping;
     int64_t           spin_ns;
     int               spin_yield; /* waiters yield between polls: the host is oversubscribed */
+    /* node-shared memory (shared.c): what every rank said of itself at bootstrap, and the
+     * communicator of a task that waited on its segment in the last progress pass (NULL:
+     * none), whose doorbell idle threads sleep on */
+    xccl_core_info_t *cinfo;
+    xccl_comm_t      *shwait;
     xccl_work_t      *done_head;  /* completed works whose callbacks must run             */
 };
 
@@ -547,12 +586,53 @@ xccl_status_t xccl_comm_topo_init(xccl_comm_t *comm);
 void          xccl_ctx_topo_models(xccl_ctx_t *ctx, const xccl_transport_ops_t *const *cand,
                                    int ncand);
 
+/* ---- shared.c: node-shared memory (task.h, "Node-shared memory") -------------------------- */
+/* The selection policy the core calls: &xccl_algo_policy. Tests of the core may point it at a
+ * wrapper (one adding a test-only shared algorithm) before they create a communicator. */
+extern const xccl_algo_policy_t *xccl_core_policy;
+/* This process's part of the bootstrap record; `intra_asked`: an intra-host transport is
+ * among those asked for. May relax this process's Yama ptrace restriction so that peers of
+ * the same user can read it (see shared.c). */
+void          xccl_shared_self_info(xccl_core_info_t *ci, int intra_asked, uint64_t pid_ns);
+/* Removes node-shared segment names left in /dev/shm by processes that died (no lock held on
+ * them, creator gone or the name older than a few seconds). */
+void          xccl_shared_sweep(void);
+/* topo.shared of a communicator, from the peer table (identical on every member). */
+unsigned      xccl_shared_bits(const xccl_comm_t *comm);
+/* The Work's epoch if its algorithm is shared (coll_post, lock held). */
+void          xccl_shared_post(xccl_work_t *w);
+/* After a progress call of w that left it unfinished: liveness of the ranks it waits for on
+ * the segment (fails w, naming the rank, when one died), and ctx->shwait. Lock held. Returns
+ * 1 if w's algorithm moved on (its state words changed: an event for the waiters). */
+int           xccl_shared_after(xccl_work_t *w, const uint64_t *state_before);
+/* "waiting for ..." of a task of a shared algorithm, for timeouts and hang tables ("" if it
+ * waits for no memory). */
+size_t        xccl_shared_describe(const xccl_work_t *w, char *buf, size_t len);
+/* Sleeping on a segment's doorbell: arm (lock held; counts this thread as a sleeper, then the
+ * caller runs one more progress pass), doze (lock NOT held; returns at once if the bell
+ * moved, else after a wake-up or min(timeout_ms, 1 ms)), disarm (lock held). `arm` returns 0
+ * when no task waited on a ready segment in the last pass. */
+typedef struct xccl_shsleep {
+    xccl_comm_t *comm;
+    uint32_t     bell;
+} xccl_shsleep_t;
+int           xccl_shared_arm(xccl_ctx_t *ctx, xccl_shsleep_t *s);
+void          xccl_shared_doze(xccl_shsleep_t *s, int timeout_ms);
+void          xccl_shared_disarm(xccl_shsleep_t *s);
+/* Unmaps the segment (and removes its name if a member never attached). Communicator
+ * teardown; lock held or not needed. */
+void          xccl_shared_free(xccl_comm_t *comm);
+/* ---- end of shared.c ----------------------------------------------------------------------- */
+
 /* explain.c: the α-β-γ model used for selection. */
 const xccl_cost_model_t *xccl_core_default_model(void);
 
 /* trace.c (lock held) */
 void          xccl_trace_req(xccl_req_t *r);
 void          xccl_trace_reduce(xccl_task_t *t, const void *dst, size_t nbytes, uint64_t t0);
+/* A cross-memory read from comm rank `peer` into dst, recorded as a receive (transport "cma"). */
+void          xccl_trace_read(xccl_task_t *t, int peer, const void *dst, size_t nbytes,
+                              uint64_t t0);
 void          xccl_flight_record(xccl_work_t *w);
 
 /* transport.c: the only file that names backends. */

@@ -206,6 +206,7 @@ static void ctx_free(xccl_ctx_t *ctx)
     free(ctx->peer_tp);
     free(ctx->peer_tp_mem);
     free(ctx->peers);
+    free(ctx->cinfo);
     pthread_mutex_destroy(&ctx->lock);
     pthread_cond_destroy(&ctx->cond);
     free(ctx);
@@ -395,6 +396,7 @@ xccl_status_t xccl_ctx_create(const xccl_comm_config_t *cfg, xccl_ctx_t **out)
     ctx->size    = cfg->size;
     ctx->spin_ns = xccl_env_int("XCCL_SPIN_US", 50) * 1000;
     ctx->peers   = calloc((size_t)cfg->size, sizeof(*ctx->peers));
+    ctx->cinfo   = calloc((size_t)cfg->size, sizeof(*ctx->cinfo));
     ctx->peer_tp = calloc((size_t)cfg->size, sizeof(*ctx->peer_tp));
     ctx->peer_tp_mem = calloc((size_t)cfg->size * XCCL_MEM_TYPES, sizeof(*ctx->peer_tp_mem));
     ctx->self_core   = (tp_core_t){ctx, -1};
@@ -410,7 +412,7 @@ xccl_status_t xccl_ctx_create(const xccl_comm_config_t *cfg, xccl_ctx_t **out)
     }
     recs         = calloc((size_t)cfg->size, sizeof(*recs));
     raw          = calloc((size_t)cfg->size, sizeof(void *));
-    if (!ctx->peers || !ctx->peer_tp || !ctx->peer_tp_mem || !ctx->peer_dead ||
+    if (!ctx->peers || !ctx->cinfo || !ctx->peer_tp || !ctx->peer_tp_mem || !ctx->peer_dead ||
         !ctx->defer_since || !ctx->stage_pending || !ctx->stage_mark || !recs || !raw) {
         st = XCCL_ERROR(XCCL_ERR_NO_MEMORY, "comm create: out of memory");
         goto out;
@@ -441,11 +443,23 @@ xccl_status_t xccl_ctx_create(const xccl_comm_config_t *cfg, xccl_ctx_t **out)
     free(val);
     val = NULL;
 
-    /* 2. peer infos */
+    /* 2. peer infos: the transports' view of this process, then the core's own (shared.c) */
     local_peer_info(&ctx->peers[cfg->rank]);
-    snprintf(key, sizeof(key), "%sinfo/%d", prefix, cfg->rank);
-    XCCL_CHECK_GOTO(xccl_store_set(cfg->store, key, &ctx->peers[cfg->rank],
-                                   sizeof(xccl_peer_info_t)), st, out);
+    ncand = select_transports(spec, cand);
+    {
+        int     intra = 0;
+        char    ns[64] = {0};
+        uint8_t info[sizeof(xccl_peer_info_t) + sizeof(xccl_core_info_t)];
+        for (int i = 0; i < ncand; i++) intra |= (cand[i]->caps & XCCL_TP_CAP_INTRA_HOST) != 0;
+        xccl_shared_self_info(&ctx->cinfo[cfg->rank], intra,
+                              readlink("/proc/self/ns/pid", ns, sizeof(ns) - 1) > 0
+                                  ? hash64(ns, strlen(ns), 2) | 1
+                                  : 0);
+        memcpy(info, &ctx->peers[cfg->rank], sizeof(xccl_peer_info_t));
+        memcpy(info + sizeof(xccl_peer_info_t), &ctx->cinfo[cfg->rank], sizeof(xccl_core_info_t));
+        snprintf(key, sizeof(key), "%sinfo/%d", prefix, cfg->rank);
+        XCCL_CHECK_GOTO(xccl_store_set(cfg->store, key, info, sizeof(info)), st, out);
+    }
     for (int r = 0; r < cfg->size; r++) {
         if (r == cfg->rank) continue;
         snprintf(key, sizeof(key), "%sinfo/%d", prefix, r);
@@ -457,11 +471,14 @@ xccl_status_t xccl_ctx_create(const xccl_comm_config_t *cfg, xccl_ctx_t **out)
             goto out;
         }
         if (st < 0) goto out;
-        if (vlen != sizeof(xccl_peer_info_t)) {
-            st = XCCL_ERROR(XCCL_ERR_REMOTE, "bootstrap: bad peer info from rank %d", r);
+        if (vlen != sizeof(xccl_peer_info_t) + sizeof(xccl_core_info_t)) {
+            st = XCCL_ERROR(XCCL_ERR_REMOTE, "bootstrap: bad peer info from rank %d (%zu "
+                            "bytes; another version of xccl?)", r, vlen);
             goto out;
         }
-        memcpy(&ctx->peers[r], val, vlen);
+        memcpy(&ctx->peers[r], val, sizeof(xccl_peer_info_t));
+        memcpy(&ctx->cinfo[r], (uint8_t *)val + sizeof(xccl_peer_info_t),
+               sizeof(xccl_core_info_t));
         free(val);
         val = NULL;
     }
@@ -476,7 +493,6 @@ xccl_status_t xccl_ctx_create(const xccl_comm_config_t *cfg, xccl_ctx_t **out)
     if (tune_st < 0) snprintf(tune_err, sizeof(tune_err), "%s", xccl_last_error());
 
     /* 3. transports */
-    ncand = select_transports(spec, cand);
     if (ncand == 0) {
         st = XCCL_ERROR(XCCL_ERR_INVALID_ARG, "no transport matches XCCL_TRANSPORTS='%s'",
                         spec ? spec : "");
@@ -574,6 +590,26 @@ xccl_status_t xccl_ctx_create(const xccl_comm_config_t *cfg, xccl_ctx_t **out)
         }
         xccl_ctx_topo_models(ctx, price, nprice);
     }
+    /* node-shared memory needs an intra-host transport started on every member (the records
+     * name those a rank started; every rank sees the same ones), which also tells that it
+     * could make shared-memory objects at all */
+    for (int r = 0; r < cfg->size; r++) {
+        int started = 0;
+        if (r == cfg->rank) {
+            for (int k = 0; k < ctx->ntp; k++)
+                started |= (ctx->tp[k].ops->caps & XCCL_TP_CAP_INTRA_HOST) != 0;
+        } else {
+            const xccl_transport_ops_t *const *all = xccl_transport_list();
+            for (int j = 0; j < recs[r].ntp; j++) {
+                for (int i = 0; all[i] != NULL; i++)
+                    started |= strcmp(recs[r].names[j], all[i]->name) == 0 &&
+                               (all[i]->caps & XCCL_TP_CAP_INTRA_HOST) != 0;
+            }
+        }
+        if (!started) ctx->cinfo[r].flags &= ~(uint32_t)(XCCL_CI_SHARED | XCCL_CI_CMA);
+    }
+    /* names of node-shared segments that killed jobs left behind on this host */
+    if (ctx->cinfo[cfg->rank].flags & XCCL_CI_SHARED) xccl_shared_sweep();
 
     /* 4. per (peer, memory type) transport choice - the first in preference order that both
      *    ends have, that reaches the peer and whose data path takes that memory type - and
@@ -1783,13 +1819,20 @@ int xccl_ctx_progress_locked(xccl_ctx_t *ctx)
     if (ctx->copies != NULL) events += copies_progress(ctx) + (ctx->copies != NULL);
     if (ctx->stage_head != NULL) events += stage_progress(ctx);
     ctx->cursors = &cur;
+    ctx->shwait = NULL; /* set again below by a task that waits on a segment */
     while ((w = cur.w) != NULL) {
-        cur.w = w->next;
+        uint64_t before[XCCL_TASK_STATE_WORDS];
+        int      shared = w->kind == WORK_COLL && w->task.shared_epoch != 0;
+        cur.w           = w->next;
         xccl_work_retain(w);
+        if (shared) memcpy(before, w->task.state, sizeof(before));
         xccl_work_progress_locked(w);
         if (!w->active) events++;
         /* executor events cannot wake a transport's wait: keep the caller polling them */
         else if (w->kind == WORK_COLL && w->task.nev > 0) events++;
+        /* nor can flags in a node-shared segment: an algorithm that moved on is an event,
+         * and one that waits there is watched (its peers' liveness) */
+        else if (shared) events += xccl_shared_after(w, before);
         xccl_work_release(w);
     }
     now = xccl_now_ms();
@@ -1877,13 +1920,15 @@ void xccl_ctx_wake_thread(xccl_ctx_t *ctx)
 
 static void *progress_thread_main(void *arg)
 {
-    xccl_ctx_t *ctx = arg;
+    xccl_ctx_t    *ctx = arg;
+    xccl_shsleep_t sh  = {0};
 
     /* named, so that tools (top -H, /proc/<pid>/task/<tid>/comm, tests) can tell it apart */
     (void)pthread_setname_np(pthread_self(), "xccl-progress");
     pthread_mutex_lock(&ctx->lock);
     while (!ctx->stopping) {
         if (ctx->nasync == 0 || ctx->nwaiters > 0) {
+            xccl_shared_disarm(&sh);
             /* nothing to drive, or a waiter drives: sleep, waking now and then for deadlines */
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);
@@ -1903,14 +1948,21 @@ static void *progress_thread_main(void *arg)
             }
         } else {
             int n = xccl_ctx_progress_locked(ctx);
+            if (n > 0) xccl_shared_disarm(&sh);
+            /* a task waits on a node-shared segment: sleep on its doorbell, counted as a
+             * sleeper before one more pass (shared.c, "Waiting on memory") */
+            if (n == 0 && sh.comm == NULL && xccl_shared_arm(ctx, &sh)) continue;
             if (ctx->done_head != NULL || n == 0) {
                 pthread_mutex_unlock(&ctx->lock);
                 xccl_ctx_run_callbacks(ctx);
-                if (n == 0) xccl_ctx_sleep(ctx, 5);
+                if (n == 0 && sh.comm != NULL) xccl_shared_doze(&sh, 1);
+                else if (n == 0) xccl_ctx_sleep(ctx, 5);
                 pthread_mutex_lock(&ctx->lock);
+                xccl_shared_disarm(&sh);
             }
         }
     }
+    xccl_shared_disarm(&sh);
     pthread_mutex_unlock(&ctx->lock);
     return NULL;
 }

@@ -101,6 +101,11 @@ static void put_work(char *buf, size_t len, size_t *off, const xccl_work_t *w, u
                  xccl_comm_rank_of_world(comm, r->peer));
     }
     if (more) put(buf, len, off, " and %d more", more);
+    if (w->kind == WORK_COLL) {
+        char what[256];
+        if (xccl_shared_describe(w, what, sizeof(what)) > 0)
+            put(buf, len, off, "%s%s", shown++ ? ", " : " waiting for ", what);
+    }
     if (shown == 0) put(buf, len, off, " running (no message pending)");
     put(buf, len, off, " (%.1f s)", (double)(now - w->t_enq) / 1e9);
 }

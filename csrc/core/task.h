@@ -238,7 +238,7 @@ struct xccl_algo {
  *
  * A communicator whose ranks all run on one host and map shared memory with one another has
  * topo->shared & XCCL_SHARED_SEG set (identical on every rank; the core decides it from data
- * every rank holds, e.g. XCCL_SHARED=0 in the environment of every rank turns it off). Such a
+ * every rank holds, e.g. XCCL_SHARED=0 in the environment of any member turns it off). Such a
  * communicator owns one segment of xccl_algo_policy.shared_bytes(size) bytes, mapped by every
  * member (at different addresses), zero-filled when created, the same layout everywhere. The
  * core creates, maps and removes it (no file is left behind, also after killed ranks); its
@@ -292,7 +292,7 @@ void          xccl_task_shared_signal(xccl_task_t *t);
  * in this process, now (it returns when the bytes are in place; it may take a while for large
  * copies, so algorithms pipeline in chunks). Host memory only; requires topo->shared &
  * XCCL_SHARED_CMA. Recorded in traces like a receive from peer. XCCL_OK, or an error naming the
- * peer and the system's reason (the peer exited: XCCL_ERR_CONNECTION). */
+ * peer and the system's reason (the peer exited: XCCL_ERR_REMOTE). */
 xccl_status_t xccl_task_peer_read(xccl_task_t *t, int peer, void *dst, const void *src,
                                   size_t nbytes);
 

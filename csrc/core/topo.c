@@ -19,6 +19,9 @@
  * do and the call hangs until its timeout. A transport between hosts that no rank could start
  * (its address record names it nowhere: ibverbs without an RDMA device) does not price the
  * links, since it carries none; every rank sees the same records and drops the same ones.
+ *
+ * Node-shared memory (topo.shared) comes from what every rank published of itself at
+ * bootstrap (shared.c), so it is the same on every member too.
  */
 #include "core/core.h"
 
@@ -100,6 +103,7 @@ xccl_status_t xccl_comm_topo_init(xccl_comm_t *comm)
     comm->topo.scarce  = 0;
     for (int i = 0; i < comm->size; i++)
         comm->topo.scarce |= ctx->peer_scarce[comm->world[i]];
+    comm->topo.shared = xccl_shared_bits(comm); /* needs nnodes */
     return XCCL_OK;
 }
 

@@ -98,6 +98,26 @@ void xccl_trace_reduce(xccl_task_t *t, const void *dst, size_t nbytes, uint64_t 
     snprintf(e->transport, sizeof(e->transport), "local");
 }
 
+void xccl_trace_read(xccl_task_t *t, int peer, const void *dst, size_t nbytes, uint64_t t0)
+{
+    xccl_work_t        *w = t->work;
+    xccl_comm_t        *c = w->comm;
+    xccl_trace_event_t *e;
+
+    if (c->trace_cap == 0) return;
+    e = slot(c);
+    fill_names(e, w);
+    e->seq        = w->seq;
+    e->kind       = XCCL_TRACE_RECV;
+    e->src        = peer;
+    e->dst        = c->rank;
+    e->nbytes     = nbytes;
+    e->t_start_ns = t0;
+    e->t_end_ns   = xccl_now_ns();
+    locate(w, dst, &e->buf, &e->offset);
+    snprintf(e->transport, sizeof(e->transport), "cma");
+}
+
 xccl_status_t xccl_comm_trace(xccl_comm_t *comm, size_t capacity)
 {
     xccl_trace_event_t *buf = NULL;

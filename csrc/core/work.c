@@ -292,6 +292,13 @@ void xccl_work_expire(xccl_work_t *w)
                                     r->state == REQ_ACTIVE ? "in transfer" : "not started",
                                     r->nbytes);
     }
+    if (w->kind == WORK_COLL && off < sizeof(msg) - 80) {
+        char   what[512];
+        size_t n = xccl_shared_describe(w, what, sizeof(what));
+        if (n > 0)
+            off += (size_t)snprintf(msg + off, sizeof(msg) - off, "%s %s",
+                                    shown++ ? "," : ": waiting for", what);
+    }
     if (w->kind == WORK_COLL && (w->task.nev > 0 || w->task.nheld > 0) && off < sizeof(msg))
         off += (size_t)snprintf(msg + off, sizeof(msg) - off,
                                 "%s %d local operation(s) unfinished on the %s executor (%d "
@@ -407,6 +414,7 @@ xccl_status_t xccl_work_wait_us(xccl_work_t *w, int64_t slice_us)
     uint64_t      now, spin_end, slice_end;
     unsigned      busy = 0; /* passes with events since the clock was last read */
     unsigned      idle = 0; /* passes that found nothing */
+    xccl_shsleep_t sh  = {0}; /* armed: about to sleep on a node-shared segment's doorbell */
 
     if (st != XCCL_INPROGRESS) return st;
     ctx       = w->comm->ctx;
@@ -416,6 +424,7 @@ xccl_status_t xccl_work_wait_us(xccl_work_t *w, int64_t slice_us)
     ctx->nwaiters++;
     for (;;) {
         int n = xccl_ctx_progress_locked(ctx);
+        if (n > 0) xccl_shared_disarm(&sh);
         if (atomic_load(&w->status) != XCCL_INPROGRESS) break;
         if (ctx->done_head != NULL) {
             pthread_mutex_unlock(&ctx->lock);
@@ -438,16 +447,23 @@ xccl_status_t xccl_work_wait_us(xccl_work_t *w, int64_t slice_us)
             busy     = 0;
         }
         if (n > 0) continue;
+        /* past the spin window while a task waits on a node-shared segment: count this thread
+         * as a sleeper on its doorbell, make one more pass, then sleep there (shared.c) */
+        if (now >= spin_end && sh.comm == NULL && xccl_shared_arm(ctx, &sh)) continue;
         pthread_mutex_unlock(&ctx->lock);
         if (now < spin_end) {
             if (ctx->spin_yield || ++idle % 16 == 0) sched_yield();
             else xccl_cpu_relax();
         } else {
             uint64_t left = (slice_end - now) / 1000000u;
-            xccl_ctx_sleep(ctx, (int)(left < 2 ? (left < 1 ? 0 : 1) : 2));
+            int      ms   = (int)(left < 2 ? (left < 1 ? 0 : 1) : 2);
+            if (sh.comm != NULL) xccl_shared_doze(&sh, ms);
+            else xccl_ctx_sleep(ctx, ms);
         }
         pthread_mutex_lock(&ctx->lock);
+        xccl_shared_disarm(&sh);
     }
+    xccl_shared_disarm(&sh);
     ctx->nwaiters--;
     /* the last waiter hands progress back to the thread (if it has async work) or lets a
      * closing context go on. Not after a short slice that ends with its own Work unfinished:

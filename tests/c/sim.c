@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "core/check.h"
 #include "core/exec.h"
@@ -61,6 +63,13 @@ struct xccl_task {
     int                     sub_done; /* its progress returned XCCL_OK */
     xccl_coll_args_t        own_args;
     xccl_task_t            *sub[XCCL_TASK_SUBS];
+    /* sequences and node-shared memory (rank tasks only) */
+    int                     coll;     /* index of its collective in the sequence         */
+    uint64_t                epoch;    /* of that collective if its algorithm is shared    */
+    int                     granted;  /* xccl_task_shared said XCCL_OK                    */
+    int                     notyet;   /* ... said XCCL_INPROGRESS during this progress    */
+    int                     waited;   /* xccl_task_shared_wait during this progress       */
+    int                     wait_peer; /* its argument (deadlock reports)                 */
 };
 
 struct sim {
@@ -75,6 +84,14 @@ struct sim {
     size_t        msgs_cap;
     int           failed;
     sim_result_t *res;
+    /* sequences */
+    const xccl_algo_t *const *algos;
+    int                       ncoll;
+    const xccl_coll_args_t   *all_args; /* [coll * size + rank] */
+    /* the node-shared segment: one memfd mapped once per rank */
+    int                       memfd;
+    unsigned char           **maps;
+    size_t                    seg_bytes, map_len;
 };
 
 static int vec_push(req_vec_t *q, sim_req_t *r)
@@ -481,6 +498,7 @@ xccl_status_t xccl_task_copy(xccl_task_t *t, void *dst, const void *src, size_t 
         return sim_fail(t->sim, "rank %d: copy of %zu B touches its pending %s %d step %u",
                         t->rank, nbytes, o->is_send ? "send to" : "recv from", o->peer, o->step);
     t->sim->events++;
+    t->sim->res->copy_bytes[root_of(t)->rank] += nbytes;
     if (t->exec == &xccl_exec_cpu) {
         memmove(dst, src, nbytes);
         return XCCL_OK;
@@ -511,6 +529,186 @@ void *xccl_task_scratch(xccl_task_t *t, size_t nbytes)
     t->scratch       = p;
     t->scratch_bytes = nbytes;
     return p;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Node-shared memory (task.h, "Node-shared memory")
+ * ------------------------------------------------------------------------------------------- */
+
+/* Maps the segment once per rank, each mapping followed by a PROT_NONE page, all of them
+ * inaccessible until a granted rank's progress runs (seg_access). */
+static int seg_create(sim_t *sim)
+{
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    size_t bytes =
+        sim->opts && sim->opts->shared_bytes ? sim->opts->shared_bytes
+                                             : xccl_algo_policy.shared_bytes(sim->size);
+
+    if (bytes == 0) {
+        sim_fail(sim, "xccl_task_shared: the policy's shared_bytes(%d) is 0", sim->size);
+        return -1;
+    }
+    sim->seg_bytes = bytes;
+    sim->map_len   = (bytes + page - 1) / page * page;
+    sim->memfd     = memfd_create("xccl-sim-seg", 0);
+    sim->maps      = calloc((size_t)sim->size, sizeof(*sim->maps));
+    if (sim->memfd < 0 || sim->maps == NULL || ftruncate(sim->memfd, (off_t)sim->map_len) != 0) {
+        sim_fail(sim, "sim: cannot create the shared segment (%zu B)", bytes);
+        return -1;
+    }
+    for (int r = 0; r < sim->size; r++) {
+        void *v = mmap(NULL, sim->map_len + page, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (v == MAP_FAILED ||
+            mmap(v, sim->map_len, PROT_NONE, MAP_SHARED | MAP_FIXED, sim->memfd, 0) == MAP_FAILED) {
+            if (v != MAP_FAILED) munmap(v, sim->map_len + page);
+            sim_fail(sim, "sim: cannot map the shared segment");
+            return -1;
+        }
+        sim->maps[r] = v;
+    }
+    return 0;
+}
+
+static void seg_destroy(sim_t *sim)
+{
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+
+    for (int r = 0; sim->maps != NULL && r < sim->size; r++)
+        if (sim->maps[r] != NULL) munmap(sim->maps[r], sim->map_len + page);
+    free(sim->maps);
+    if (sim->memfd > 0) close(sim->memfd);
+    sim->maps  = NULL;
+    sim->memfd = -1;
+}
+
+/* Rank r's mapping becomes accessible (open) while its granted progress runs. */
+static void seg_access(sim_t *sim, int r, int open)
+{
+    if (sim->maps == NULL) return;
+    if (mprotect(sim->maps[r], sim->map_len, open ? PROT_READ | PROT_WRITE : PROT_NONE) != 0)
+        sim_fail(sim, "sim: mprotect of the segment failed");
+}
+
+xccl_status_t xccl_task_shared(xccl_task_t *t, xccl_shared_t *out)
+{
+    sim_t                  *sim = t->sim;
+    const xccl_coll_args_t *a   = t->args;
+
+    if (t->parent != NULL)
+        return xccl_error_set(XCCL_ERR_NOT_SUPPORTED, "xccl_task_shared: not in a sub-task");
+    if (!t->algo->shared)
+        return sim_fail(sim, "rank %d: %s calls xccl_task_shared without .shared = 1", t->rank,
+                        t->algo->name);
+    if (a->topo == NULL || !(a->topo->shared & XCCL_SHARED_SEG))
+        return sim_fail(sim, "rank %d: %s calls xccl_task_shared without XCCL_SHARED_SEG",
+                        t->rank, t->algo->name);
+    if (!t->granted) {
+        if (sim->maps == NULL && seg_create(sim) != 0) return XCCL_ERR_INTERNAL;
+        /* "not yet" now and then (the segment being attached) */
+        if (sim->opts && sim->opts->seed != 0 && sim_rand(sim) % 3 == 0) {
+            t->notyet = 1;
+            sim->events++;
+            return XCCL_INPROGRESS;
+        }
+        t->granted = 1;
+        seg_access(sim, t->rank, 1);
+        sim->events++;
+    }
+    out->base  = sim->maps[t->rank];
+    out->bytes = sim->seg_bytes;
+    out->epoch = t->epoch;
+    return XCCL_OK;
+}
+
+void xccl_task_shared_wait(xccl_task_t *t, int peer)
+{
+    xccl_task_t *root = root_of(t);
+
+    if (peer < -1 || peer >= xccl_task_size(t)) {
+        sim_fail(t->sim, "rank %d: xccl_task_shared_wait(%d) of %d ranks", root->rank, peer,
+                 xccl_task_size(t));
+        return;
+    }
+    root->waited    = 1;
+    root->wait_peer = peer;
+}
+
+void xccl_task_shared_signal(xccl_task_t *t)
+{
+    t->sim->events++;
+    t->sim->res->signals[root_of(t)->rank]++;
+}
+
+/* Bytes of the buffers rank q exposes in its current collective: sbuf and rbuf extents. */
+static void buf_extents(const xccl_coll_args_t *a, int n, size_t *sn, size_t *rn)
+{
+    size_t blk = a->count * a->elsize, all = blk * (size_t)n;
+
+    *sn = *rn = 0;
+    switch (a->coll) {
+    case XCCL_COLL_ALLREDUCE:
+    case XCCL_COLL_BROADCAST: *sn = *rn = blk; break;
+    case XCCL_COLL_REDUCE: *sn = *rn = blk; break;
+    case XCCL_COLL_ALLGATHER:
+    case XCCL_COLL_GATHER: *sn = blk, *rn = all; break;
+    case XCCL_COLL_SCATTER:
+    case XCCL_COLL_REDUCE_SCATTER: *sn = all, *rn = blk; break;
+    case XCCL_COLL_ALLTOALL: *sn = *rn = all; break;
+    case XCCL_COLL_ALLTOALLV:
+        for (int i = 0; i < n; i++) {
+            size_t s = (a->sdispls[i] + a->scounts[i]) * a->elsize;
+            size_t r = (a->rdispls[i] + a->rcounts[i]) * a->elsize;
+            if (s > *sn) *sn = s;
+            if (r > *rn) *rn = r;
+        }
+        break;
+    default: break;
+    }
+}
+
+static int inside(const void *p, size_t n, const void *buf, size_t len)
+{
+    const char *c = p, *b = buf;
+    return buf != NULL && c >= b && n <= len && (size_t)(c - b) <= len - n;
+}
+
+xccl_status_t xccl_task_peer_read(xccl_task_t *t, int peer, void *dst, const void *src,
+                                  size_t nbytes)
+{
+    sim_t           *sim = t->sim;
+    xccl_task_t     *q;
+    const sim_req_t *o;
+    size_t           sn, rn;
+
+    if (t->parent != NULL)
+        return sim_fail(sim, "rank %d: xccl_task_peer_read from a sub-task", root_of(t)->rank);
+    if (t->args->topo == NULL || !(t->args->topo->shared & XCCL_SHARED_CMA))
+        return sim_fail(sim, "rank %d: %s reads rank %d's memory without XCCL_SHARED_CMA",
+                        t->rank, t->algo->name, peer);
+    if (peer < 0 || peer >= sim->size)
+        return sim_fail(sim, "rank %d: xccl_task_peer_read from rank %d of %d", t->rank, peer,
+                        sim->size);
+    if (nbytes == 0) return XCCL_OK;
+    if ((o = find_overlap(t, dst, nbytes, 0)) != NULL)
+        return sim_fail(sim, "rank %d: peer read of %zu B touches its pending %s %d step %u",
+                        t->rank, nbytes, o->is_send ? "send to" : "recv from", o->peer, o->step);
+    q = &sim->tasks[peer];
+    if (q->epoch != t->epoch || q->finished || q->draining)
+        return sim_fail(sim,
+                        "rank %d (epoch %llu): %s reads %zu B of rank %d, which is %s epoch %llu",
+                        t->rank, (unsigned long long)t->epoch, t->algo->name, nbytes, peer,
+                        q->finished || q->draining ? "done with" : "in",
+                        (unsigned long long)q->epoch);
+    buf_extents(q->args, sim->size, &sn, &rn);
+    if (!inside(src, nbytes, q->args->sbuf, sn) && !inside(src, nbytes, q->args->rbuf, rn) &&
+        !inside(src, nbytes, q->scratch, q->scratch_bytes))
+        return sim_fail(sim, "rank %d: %s reads %zu B at %p of rank %d: not in its buffers",
+                        t->rank, t->algo->name, nbytes, src, peer);
+    memcpy(dst, src, nbytes);
+    sim->events++;
+    sim->res->read_bytes[t->rank] += nbytes;
+    sim->res->read_calls[t->rank]++;
+    return XCCL_OK;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -564,8 +762,69 @@ static void describe_deadlock(sim_t *sim, long pass)
     sim->failed = 1;
 }
 
+/* Sets rank task t up for collective c of the sequence (state zeroed, scratch dropped). */
+static xccl_status_t task_start(sim_t *sim, xccl_task_t *t, int c)
+{
+    const xccl_algo_t *algo = sim->algos[c];
+    uint64_t           e    = 0;
+
+    for (int i = 0; i <= c; i++) e += sim->algos[i]->shared != 0;
+    if (t->scratch != NULL) t->exec->free(t->scratch);
+    t->scratch       = NULL;
+    t->scratch_bytes = 0;
+    memset(t->state, 0, sizeof(t->state));
+    t->coll     = c;
+    t->algo     = algo;
+    t->args     = &sim->all_args[(size_t)c * (size_t)sim->size + (size_t)t->rank];
+    t->epoch    = algo->shared ? e : 0;
+    t->granted  = 0;
+    t->finished = 0;
+    t->draining = 0;
+    t->exec     = xccl_exec_for(t->args->mem);
+    if (t->exec == NULL) {
+        snprintf(sim->res->error, sizeof(sim->res->error),
+                 "rank %d: no executor for memory type %d", t->rank, (int)t->args->mem);
+        return XCCL_ERR_NOT_SUPPORTED;
+    }
+    return XCCL_OK;
+}
+
+/* The rank finished its collective: the next one starts, or the rank is done (returns 1). */
+static int task_finish(sim_t *sim, xccl_task_t *t, xccl_status_t *st)
+{
+    if (t->granted) seg_access(sim, t->rank, 0);
+    t->granted  = 0;
+    t->finished = 1;
+    sim->events++;
+    if (t->coll + 1 == sim->ncoll) return 1;
+    *st = task_start(sim, t, t->coll + 1);
+    return 0;
+}
+
 xccl_status_t sim_run(const xccl_algo_t *algo, int size, const xccl_coll_args_t *args,
                       const sim_opts_t *opts, sim_result_t *res)
+{
+    const xccl_algo_t *const algos[1] = {algo};
+    return sim_run_seq(algos, 1, size, args, opts, res);
+}
+
+static void describe_waits(sim_t *sim)
+{
+    char  *e   = sim->res->error;
+    size_t cap = sizeof(sim->res->error), len = strlen(e);
+
+    for (int r = 0; r < sim->size && len < cap; r++) {
+        const xccl_task_t *t = &sim->tasks[r];
+        if (t->finished || !t->waited) continue;
+        len += (size_t)snprintf(e + len, cap - len, " [rank %d (%s, epoch %llu) waits on %s %d]",
+                                r, t->algo->name, (unsigned long long)t->epoch,
+                                t->wait_peer < 0 ? "several ranks" : "rank", t->wait_peer);
+    }
+}
+
+xccl_status_t sim_run_seq(const xccl_algo_t *const *algos, int ncoll, int size,
+                          const xccl_coll_args_t *args, const sim_opts_t *opts,
+                          sim_result_t *res)
 {
     sim_t         sim;
     xccl_status_t st       = XCCL_OK;
@@ -576,36 +835,40 @@ xccl_status_t sim_run(const xccl_algo_t *algo, int size, const xccl_coll_args_t 
 
     memset(res, 0, sizeof(*res));
     memset(&sim, 0, sizeof(sim));
-    sim.size  = size;
-    sim.res   = res;
-    sim.rng   = opts ? opts->seed : 0;
-    sim.opts  = opts;
+    sim.size     = size;
+    sim.res      = res;
+    sim.rng      = opts ? opts->seed : 0;
+    sim.opts     = opts;
+    sim.algos    = algos;
+    sim.ncoll    = ncoll;
+    sim.all_args = args;
+    sim.memfd    = -1;
     sim.tasks = calloc((size_t)size, sizeof(*sim.tasks));
     sim.sends = calloc((size_t)size * (size_t)size, sizeof(*sim.sends));
     sim.recvs = calloc((size_t)size * (size_t)size, sizeof(*sim.recvs));
     res->reduce_bytes = calloc((size_t)size, sizeof(size_t));
     res->reduce_calls = calloc((size_t)size, sizeof(size_t));
-    if (!sim.tasks || !sim.sends || !sim.recvs || !res->reduce_bytes || !res->reduce_calls) {
-        snprintf(res->error, sizeof(res->error), "sim: out of memory");
+    res->copy_bytes   = calloc((size_t)size, sizeof(size_t));
+    res->read_bytes   = calloc((size_t)size, sizeof(size_t));
+    res->read_calls   = calloc((size_t)size, sizeof(size_t));
+    res->signals      = calloc((size_t)size, sizeof(size_t));
+    if (!sim.tasks || !sim.sends || !sim.recvs || !res->reduce_bytes || !res->reduce_calls ||
+        !res->copy_bytes || !res->read_bytes || !res->read_calls || !res->signals ||
+        ncoll < 1) {
+        snprintf(res->error, sizeof(res->error), "sim: out of memory (or no collective)");
         st = XCCL_ERR_NO_MEMORY;
         goto out;
     }
     for (int r = 0; r < size; r++) {
         sim.tasks[r].sim  = &sim;
         sim.tasks[r].rank = r;
-        sim.tasks[r].args = &args[r];
-        sim.tasks[r].algo = algo;
-        sim.tasks[r].exec = xccl_exec_for(args[r].mem);
-        if (sim.tasks[r].exec == NULL) {
-            snprintf(res->error, sizeof(res->error), "rank %d: no executor for memory type %d",
-                     r, (int)args[r].mem);
-            st = XCCL_ERR_NOT_SUPPORTED;
-            goto out;
-        }
+        sim.tasks[r].exec = &xccl_exec_cpu;
+        if ((st = task_start(&sim, &sim.tasks[r], 0)) != XCCL_OK) goto out;
     }
 
     for (pass = 0; left > 0; pass++) {
-        uint64_t before = sim.events;
+        uint64_t before  = sim.events;
+        int      skipped = 0;
 
         if (pass == max_pass) {
             snprintf(res->error, sizeof(res->error), "no completion after %ld passes", pass);
@@ -613,8 +876,13 @@ xccl_status_t sim_run(const xccl_algo_t *algo, int size, const xccl_coll_args_t 
             goto out;
         }
         for (int r = 0; r < size; r++) {
-            xccl_task_t *t = &sim.tasks[r];
+            xccl_task_t       *t = &sim.tasks[r];
+            const xccl_algo_t *algo;
             if (t->finished) continue;
+            if (random && opts->slow && sim_rand(&sim) % 3 != 0) {
+                skipped = 1;
+                continue;
+            }
             if (t->draining) {
                 poll_events(t);
                 if (t->ev_error < 0) {
@@ -624,12 +892,16 @@ xccl_status_t sim_run(const xccl_algo_t *algo, int size, const xccl_coll_args_t 
                     goto out;
                 }
                 if (t->nev == 0) {
-                    t->finished = 1;
-                    left--;
+                    if (task_finish(&sim, t, &st)) left--;
+                    if (st != XCCL_OK) goto out;
                 }
                 continue;
             }
+            algo      = t->algo;
+            t->waited = t->notyet = 0;
+            if (t->granted) seg_access(&sim, r, 1);
             st = algo->progress(t);
+            if (t->granted) seg_access(&sim, r, 0);
             if (sim.failed) {
                 st = XCCL_ERR_INTERNAL;
                 goto out;
@@ -657,16 +929,28 @@ xccl_status_t sim_run(const xccl_algo_t *algo, int size, const xccl_coll_args_t 
                     t->draining = 1; /* complete once its copies and reductions are */
                     continue;
                 }
-                t->finished = 1;
-                left--;
+                if (task_finish(&sim, t, &st)) left--;
+                if (st != XCCL_OK) goto out;
             } else if (st != XCCL_INPROGRESS) {
                 st = sim_fail(&sim, "rank %d: progress returned %d", r, (int)st);
                 goto out;
+            } else if (algo->shared && !t->waited && !t->notyet && t->reqs.n == 0 &&
+                       t->nev == 0) {
+                int subs = 0;
+                for (int i = 0; i < XCCL_TASK_SUBS; i++) subs += t->sub[i] != NULL;
+                if (subs == 0) {
+                    st = sim_fail(&sim,
+                                  "rank %d: %s returned XCCL_INPROGRESS with nothing pending "
+                                  "and no xccl_task_shared_wait",
+                                  r, algo->name);
+                    goto out;
+                }
             }
         }
         deliver(&sim, random);
-        if (sim.events == before && left > 0) {
+        if (sim.events == before && left > 0 && !skipped) {
             describe_deadlock(&sim, pass);
+            describe_waits(&sim);
             st = XCCL_ERR_INTERNAL;
             goto out;
         }
@@ -688,6 +972,7 @@ out:
             if (t->scratch != NULL) t->exec->free(t->scratch);
         }
     }
+    seg_destroy(&sim);
     for (int i = 0; sim.sends && sim.recvs && i < size * size; i++) {
         free(sim.sends[i].v);
         free(sim.recvs[i].v);
@@ -704,6 +989,14 @@ void sim_result_free(sim_result_t *res)
     free(res->msgs);
     free(res->reduce_bytes);
     free(res->reduce_calls);
+    free(res->copy_bytes);
+    free(res->read_bytes);
+    free(res->read_calls);
+    free(res->signals);
+    res->copy_bytes   = NULL;
+    res->read_bytes   = NULL;
+    res->read_calls   = NULL;
+    res->signals      = NULL;
     res->msgs         = NULL;
     res->reduce_bytes = NULL;
     res->reduce_calls = NULL;

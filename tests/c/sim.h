@@ -28,6 +28,21 @@
  *     task.h says: sends and receives posted behind unfinished events are held, tests report
  *     XCCL_INPROGRESS while events run, a rank whose progress returned XCCL_OK finishes once
  *     its events did.
+ *   - Node-shared memory (task.h): a rank whose args->topo has XCCL_SHARED_SEG is granted
+ *     one segment of the run (xccl_algo_policy.shared_bytes(size) or opts->shared_bytes),
+ *     zero-filled, mapped at a different address for every rank (one memfd mapped `size`
+ *     times, a PROT_NONE page after each), readable and writable only while that rank's
+ *     progress runs and it holds the grant, so that touching it before xccl_task_shared
+ *     said XCCL_OK, after completion, or through another rank's address faults. Epochs are
+ *     numbered in sequence order (1, 2, ...); with a seed, grants are delayed at
+ *     random. A rank that returns XCCL_INPROGRESS with nothing pending and no
+ *     xccl_task_shared_wait is an error; waits re-poll, and a pass in which nothing moved
+ *     (no post, delivery, copy, read, signal, grant) is a deadlock naming the awaited ranks.
+ *     xccl_task_peer_read (XCCL_SHARED_CMA only) copies from the peer's buffers of the same
+ *     collective, which must not have completed on the peer: reading any other address, or
+ *     a buffer whose owner moved on, is an error.
+ *   - Sequences (sim_run_seq): every rank runs ncoll collectives in order, starting the next
+ *     as soon as its previous one completed, so a rank may be one or more epochs ahead.
  *   - Sub-tasks (xccl_task_sub) run as task.h says: their messages are the rank's, with mapped
  *     peers and offset steps, their local work joins the rank's stream; a sub-task posting
  *     outside its members or step span, one started without the caller among its members, and
@@ -52,6 +67,9 @@ typedef struct sim_msg {
 typedef struct sim_opts {
     uint64_t seed;       /* 0: deliver every matched message at the end of each pass      */
     long     max_passes; /* 0: 10 million                                                 */
+    size_t   shared_bytes; /* the segment's size; 0: xccl_algo_policy.shared_bytes(size)   */
+    int      slow;       /* with a seed: a pass skips each rank at random (slow processes),  */
+                         /* so ranks drift epochs apart                                    */
     /* Called with 1 before the network phase copies payloads and with 0 after it (NULL:
      * none): lets a test keep executor memory inaccessible outside executor calls. */
     void (*transfer_access)(int open);
@@ -62,6 +80,10 @@ typedef struct sim_result {
     size_t     nmsgs;
     size_t    *reduce_bytes; /* per rank: bytes written by xccl_task_reduce               */
     size_t    *reduce_calls; /* per rank                                                  */
+    size_t    *copy_bytes;   /* per rank: bytes copied by xccl_task_copy                      */
+    size_t    *read_bytes;   /* per rank: bytes read by xccl_task_peer_read                   */
+    size_t    *read_calls;   /* per rank                                                      */
+    size_t    *signals;      /* per rank: xccl_task_shared_signal calls                       */
     long       passes;       /* scheduler passes until every rank finished                */
     char       error[4096];  /* why sim_run failed ("" on success)                        */
 } sim_result_t;
@@ -73,6 +95,12 @@ typedef struct sim_result {
 xccl_status_t sim_run(const xccl_algo_t *algo, int size, const xccl_coll_args_t *args,
                       const sim_opts_t *opts, sim_result_t *res);
 void          sim_result_free(sim_result_t *res);
+
+/* Runs ncoll collectives back to back: rank r runs algos[c] with args[c * size + r] for
+ * c = 0, 1, ... in order, each started once the previous one completed on that rank. */
+xccl_status_t sim_run_seq(const xccl_algo_t *const *algos, int ncoll, int size,
+                          const xccl_coll_args_t *args, const sim_opts_t *opts,
+                          sim_result_t *res);
 
 /* Totals over the recorded messages; rank < 0 means every rank. */
 size_t sim_sent_msgs(const sim_result_t *res, int rank);
