@@ -285,6 +285,9 @@ def test_tiny_real_tuning_run(tmp_path):
             winners[(f[1], int(kv["bytes"]))] = kv["best"]
     assert set(winners) == {("all_reduce", 8), ("all_reduce", 1 << 20), ("broadcast", 8),
                             ("broadcast", 1 << 20)}
+    measured = {ln.split()[1]: ln for ln in text.splitlines() if ln.startswith("meas ")}
+    # every algorithm was measured, the one-host ones too where the ranks share a segment
+    assert all(f" {a}=" in measured["all_reduce"] for a in ("ring", "rd", "owner"))
     keys = sorted(winners) + [("all_reduce", 64 << 20)]
     before = xccl.launch(_choices, 2, keys, transport="shm", env={"XCCL_TUNE_FILE": ""},
                          timeout=120)[0]
@@ -293,8 +296,9 @@ def test_tiny_real_tuning_run(tmp_path):
     # every measured point now runs its measured winner, from the table
     assert after[:-1] == [(winners[k], "table") for k in sorted(winners)]
     assert all(s != "table" for _, s in before)
-    # beyond the table, the fitted model replaces the built-in rule (owner from 16 MiB)
-    assert before[-1] == ("owner", "rule") and after[-1][1] == "model"
+    # beyond the table, the fitted model replaces the built-in rules (owner from 16 MiB on 2
+    # ranks, or the one-host block where the ranks share a segment)
+    assert before[-1][1] == "rule" and after[-1][1] == "model"
 
 
 def test_cli_rejects_bad_arguments(capsys):
