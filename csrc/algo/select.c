@@ -80,22 +80,29 @@ static const xccl_cost_model_t default_model = {20e-6, 1.0 / 2.0e9, 1.0 / 4.0e9,
  *     receivers pull (np=4): waiting to be scheduled costs more per round than α. 16 KiB:
  *     direct/rabenseifner 0.66 0.61 0.66; 32 KiB: 0.74 0.65 1.00. 256 KiB: owner/rabenseifner
  *     0.55 2.24 0.46, again 0.75 0.60 0.67; 512 KiB: 1.04 0.97 0.45.
- *   - owner for all_reduce and reduce_scatter from 16 MiB on 2 ranks (its receive window stays
- *     in cache where the others' whole-block scratch goes to memory and back). all_reduce
- *     16 MiB: owner/rabenseifner 0.82 0.83 0.74, 64 MiB: 0.84 0.90 0.60; over TCP 0.77 0.96
- *     0.77 and 0.79 0.80 0.80. reduce_scatter 16 MiB: owner/rhd 0.86 1.08 0.68, 64 MiB: 0.82
- *     0.85 0.75; over TCP 0.81 0.80 0.91 and 0.82 0.83 0.81. Not on 4 ranks, where the
- *     model's choice won: all_reduce 16 MiB 2.19 1.57 1.84 and 64 MiB 2.52 1.48 2.16
- *     (owner/rabenseifner), reduce_scatter 1.86 1.18 1.60 and 1.99 1.34 1.60 (owner/direct);
- *     over TCP all_reduce 1.18 1.05 1.04 and 1.01 1.33 1.54, reduce_scatter 0.83 1.52 1.64 and
- *     1.02 1.51 1.32.
+ *   - owner for all_reduce and reduce_scatter from 16 MiB on 2 to 4 ranks (its receive window
+ *     stays in cache where the others' whole-block scratch goes to memory and back). np=2:
+ *     all_reduce 16 MiB owner/rabenseifner 0.82 0.83 0.74, 64 MiB 0.84 0.90 0.60; over TCP
+ *     0.77 0.96 0.77 and 0.79 0.80 0.80; reduce_scatter 16 MiB owner/rhd 0.86 1.08 0.68,
+ *     64 MiB 0.82 0.85 0.75; over TCP 0.81 0.80 0.91 and 0.82 0.83 0.81. np=4 it depends on
+ *     the buffers: with torch's (4 KiB pages; what compare.py and most users pass) owner
+ *     held - all_reduce 16 MiB 1.22 0.84 0.94, 64 MiB 1.61 0.71 0.95 (XCCL_SHARED=0),
+ *     reduce_scatter (owner/direct) 1.14 0.85 0.96 and 1.34 0.68 0.86; compare.py --repeat 3,
+ *     owner against the model's: all_reduce 64 MiB 54 ms against 86, reduce_scatter 16 MiB
+ *     7.9 against 13.9 ms and 64 MiB 34 against 54 ms - while with numpy's (huge pages) the
+ *     model's choice won: all_reduce 2.19 1.57 1.84 and 2.52 1.48 2.16, reduce_scatter 1.86
+ *     1.18 1.60 and 1.99 1.34 1.60; over TCP all_reduce 1.18 1.05 1.04 and 1.01 1.33 1.54,
+ *     reduce_scatter 0.83 1.52 1.64 and 1.02 1.51 1.32. Not measured above 4 ranks: the
+ *     model (or a tuning table) decides there.
  *   - linear broadcast from 1 MiB on 3 ranks or more where receivers pull: the model prices a
  *     fan-out by what the sender sends, but the n-1 copies run in parallel, in one round.
  *     np=4 against the model's scatter_allgather (1 MiB) or chain: 1 MiB 0.43 0.82 0.51,
  *     4 MiB 0.19 0.58 0.34, 16 MiB 0.18 0.42 0.30, 64 MiB 0.18 0.50 0.29. On 2 ranks linear and
  *     binomial are one message alike (16 MiB 0.97 0.99 1.00): the model's choice stands.
  * Removed, the model's choice held: ring from 1 to 16 MiB where ranks outnumber CPUs (np=4:
- * ring/rabenseifner 0.92 1.13 1.03 at 1 MiB, 1.65 1.33 1.15 at 4 MiB). None for all_to_all:
+ * ring/rabenseifner 0.92 1.13 1.03 at 1 MiB, 1.65 1.33 1.15 at 4 MiB; compare.py --repeat 3
+ * with torch buffers: 392 against 356 µs at 1 MiB, 3.09 against 2.32 ms at 4 MiB, 19.5
+ * against 13.0 ms at 16 MiB - 4 bytes, where owner takes over). None for all_to_all:
  * the model's choice (linear) held against pairwise (docs/selection.md). */
 static const struct builtin_rule {
     xccl_coll_t coll;
@@ -107,8 +114,8 @@ static const struct builtin_rule {
 } builtin_rules[] = {
     {XCCL_COLL_ALLREDUCE, 0, (64 << 10) - 1, 2, INT_MAX, 1, 1, "direct"},
     {XCCL_COLL_ALLREDUCE, 64 << 10, (1 << 20) - 1, 2, INT_MAX, 1, 1, "owner"},
-    {XCCL_COLL_ALLREDUCE, 16 << 20, SIZE_MAX, 2, 2, 0, 0, "owner"},
-    {XCCL_COLL_REDUCE_SCATTER, 16 << 20, SIZE_MAX, 2, 2, 0, 0, "owner"},
+    {XCCL_COLL_ALLREDUCE, 16 << 20, SIZE_MAX, 2, 4, 0, 0, "owner"},
+    {XCCL_COLL_REDUCE_SCATTER, 16 << 20, SIZE_MAX, 2, 4, 0, 0, "owner"},
     {XCCL_COLL_BROADCAST, 1 << 20, SIZE_MAX, 3, INT_MAX, 1, 0, "linear"},
 };
 

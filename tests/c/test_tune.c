@@ -179,10 +179,10 @@ int main(void)
         CHECK(strcmp(src, "model") == 0);
         name = choose(XCCL_COLL_ALLREDUCE, 64 << 20, 8, &tuned, &dm, NULL, &src);
         CHECK(strcmp(src, "model") == 0);
-        /* without a table the built-in rules (owner from 16 MiB on 2 ranks; not on 4) */
+        /* without a table the built-in rules (owner from 16 MiB on 2 to 4 ranks; not on 8) */
         name = choose(XCCL_COLL_ALLREDUCE, 64 << 20, 2, &plain, &dm, NULL, &src);
         CHECK(strcmp(name, "owner") == 0 && strcmp(src, "rule") == 0);
-        name = choose(XCCL_COLL_ALLREDUCE, 64 << 20, 4, &plain, &dm, NULL, &src);
+        name = choose(XCCL_COLL_ALLREDUCE, 64 << 20, 8, &plain, &dm, NULL, &src);
         CHECK(strcmp(src, "model") == 0);
         name = choose(XCCL_COLL_BROADCAST, 4 << 20, 4, &plain, &dm, NULL, &src);
         CHECK(strcmp(name, "linear") == 0 && strcmp(src, "rule") == 0);
