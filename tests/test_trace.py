@@ -235,10 +235,11 @@ def test_explain_matches_the_formulas():
     assert rd["steps"] == math.log2(P) and rd["bytes"] == math.log2(P) * n
     ring = rows["ring"]  # 2(p-1)/p N bytes whatever the pipelining
     assert ring["bytes"] == pytest.approx(2 * (P - 1) / P * n)
+    delta = 1.0 / 8e9  # the engine's memory-traffic default (explain.c), for copy_bytes
     for r in ex:
         assert r["predicted_s"] == pytest.approx(
-            a * r["steps"] + b * r["bytes"] + g * r["reduce_bytes"])
-        assert r["latency_s"] + r["bandwidth_s"] + r["reduce_s"] == pytest.approx(
+            a * r["steps"] + b * r["bytes"] + g * r["reduce_bytes"] + delta * r["copy_bytes"])
+        assert r["latency_s"] + r["bandwidth_s"] + r["reduce_s"] + r["copy_s"] == pytest.approx(
             r["predicted_s"])
     assert sum(r["chosen"] for r in ex) == 1
     assert "<- chosen" in str(ex) and "<table>" in ex._repr_html_()

@@ -258,6 +258,10 @@ def explain(
         r["latency_s"] = m.alpha * r["steps"]
         r["bandwidth_s"] = m.beta * r["bytes"]
         r["reduce_s"] = m.gamma * r["reduce_bytes"]
+        # the memory-traffic term (one-host algorithms: bytes a rank copies itself), priced
+        # with the engine's δ: what remains of the prediction once the other terms are taken
+        r["copy_s"] = max(r["predicted_s"] - r["latency_s"] - r["bandwidth_s"] - r["reduce_s"],
+                          0.0) if r.get("copy_bytes") else 0.0
     return Explanation(rows, coll, int(nbytes), p, m)
 
 
