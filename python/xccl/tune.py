@@ -187,7 +187,7 @@ def _measure_rank(plan: list[tuple[str, int]], target_s: float, reps: int,
     finally:
         if prog is not None:
             prog.close()
-    return {"times": times, "terms": terms}
+    return {"times": times, "terms": terms, "model": list(comm.cost_model()[:3])}
 
 
 # ------------------------------------------------------------------------------------------
@@ -356,6 +356,9 @@ def tune(nps: Sequence[int], colls: Sequence[str] = COLLECTIVES,
     per_point = budget / total
     times: list[list[Any]] = []
     terms: list[list[Any]] = []
+    # what the measurements cannot determine keeps the engine's own value: the transport's
+    # α, β and γ as the ranks priced with them, δ the default (explain.c)
+    default = [*xccl._C.default_model(), 1.0 / 8.0e9]
     base = 0
     for n in nps:
         fd, path = tempfile.mkstemp(prefix="xccl-tune-", suffix=".progress")
@@ -391,12 +394,10 @@ def tune(nps: Sequence[int], colls: Sequence[str] = COLLECTIVES,
             os.unlink(path)
         base += len(plans[n])
         progress.show(base, f"np={n} done")
+        default[:3] = res[0]["model"]
         times += [[c, n, nb, a, s] for c, nb, a, s in res[0]["times"]]
         terms += [[c, n, nb, a, *t] for c, nb, a, *t in res[0]["terms"]]
     progress.end()
-    # the engine's defaults (its delta is 1/8e9 s per byte: explain.c) for what the
-    # measurements cannot determine
-    default = (*xccl._C.default_model(), 1.0 / 8.0e9)
     note = f", np={','.join(map(str, nps))}, budget {budget:g} s"
     return make_table(times, terms, transport, default, note=note)
 
@@ -446,8 +447,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     over = max(nps) > cores
     print(f"{PROG}: host '{cpu}', {cores} cores, transport {args.transport}"
           + (f" (np={max(nps)} oversubscribes the cores)" if over else ""), file=sys.stderr)
-    table = tune(nps, colls, sizes, args.transport, args.budget, args.reps,
-                 timeout=args.timeout)
+    import xccl
+
+    try:
+        table = tune(nps, colls, sizes, args.transport, args.budget, args.reps,
+                     timeout=args.timeout)
+    except xccl.LaunchError as e:
+        print(f"\n{PROG}: a rank failed, no table written: {e}", file=sys.stderr)
+        return 1
     tmp = args.out + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(table)
