@@ -264,7 +264,14 @@ def test_ranks_with_different_tables_fail_init_on_every_rank(tmp_path):
 
 def _choices(keys: list[tuple[str, int]]) -> list[tuple[str, str]]:
     pg = _group.resolve(None)
-    return [_choice(pg, c, n) for c, n in keys]
+    out = [_choice(pg, c, n) for c, n in keys]
+    # what a call runs is what explain said
+    x = np.full(8, xccl.get_rank() + 1, np.uint8)
+    w = xccl.all_reduce(x, async_op=True)
+    w.wait()
+    np.testing.assert_array_equal(x, np.full(8, 3, np.uint8))
+    assert w.algo == _choice(pg, "all_reduce", 8)[0], w.algo
+    return out
 
 
 def test_tiny_real_tuning_run(tmp_path):
