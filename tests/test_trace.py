@@ -218,8 +218,8 @@ def test_bindings_on_a_single_rank():
         _C.explain("all_reduce", 8, 2, (1.0, 2.0))
     rows = _C.explain("broadcast", 1024, 4, (1e-6, 1e-9, 0.0))
     assert {r["name"] for r in rows} >= {"binomial", "linear"}
-    assert all(set(r) == {"name", "summary", "steps", "bytes", "reduce_bytes", "predicted_s",
-                          "applicable", "chosen"} for r in rows)
+    assert all(set(r) == {"name", "summary", "steps", "bytes", "reduce_bytes", "copy_bytes",
+                          "predicted_s", "applicable", "chosen", "source"} for r in rows)
 
 
 # ------------------------------------------------------------------------------------ model
@@ -235,12 +235,13 @@ def test_explain_matches_the_formulas():
     assert rd["steps"] == math.log2(P) and rd["bytes"] == math.log2(P) * n
     ring = rows["ring"]  # 2(p-1)/p N bytes whatever the pipelining
     assert ring["bytes"] == pytest.approx(2 * (P - 1) / P * n)
+    delta = 1.0 / 8e9  # the engine's memory-traffic default (explain.c), for copy_bytes
     for r in ex:
         if r["name"] in ("shm", "cma"):
             continue  # one-host algorithms add δ x copied bytes, which the rows do not list
         assert r["predicted_s"] == pytest.approx(
-            a * r["steps"] + b * r["bytes"] + g * r["reduce_bytes"])
-        assert r["latency_s"] + r["bandwidth_s"] + r["reduce_s"] == pytest.approx(
+            a * r["steps"] + b * r["bytes"] + g * r["reduce_bytes"] + delta * r["copy_bytes"])
+        assert r["latency_s"] + r["bandwidth_s"] + r["reduce_s"] + r["copy_s"] == pytest.approx(
             r["predicted_s"])
     assert sum(r["chosen"] for r in ex) == 1
     assert "<- chosen" in str(ex) and "<table>" in ex._repr_html_()

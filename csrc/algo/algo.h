@@ -40,4 +40,19 @@ xccl_status_t xccl_algo_select_memo(xccl_algo_memo_t *memo, const xccl_coll_args
                                     int size, size_t nbytes, const xccl_cost_model_t *m,
                                     const char *forced, const xccl_algo_t **out);
 
+/* xccl_algo_select that also says where the choice came from (xccl_algo_policy.select_source). */
+xccl_status_t xccl_algo_select_source(const xccl_coll_args_t *args, int size, size_t nbytes,
+                                      const xccl_cost_model_t *m, const char *forced,
+                                      const xccl_algo_t **out, const char **source);
+
+/* Tuning tables (tune.c; the policy's tune_* entries). xccl_tune_lookup: the algorithm the
+ * table chose for (coll, size ranks, nbytes), or NULL where it has no choice. xccl_tune_host:
+ * this host's signature (CPU model, online cores). */
+xccl_status_t xccl_tune_load(const char *path, xccl_tune_t **out, uint64_t *hash);
+int  xccl_tune_applies(const xccl_tune_t *t, const char *transport, xccl_cost_model_t *m, char *why,
+                       size_t len);
+void xccl_tune_free(xccl_tune_t *t);
+const char *xccl_tune_lookup(const xccl_tune_t *t, xccl_coll_t coll, int size, size_t nbytes);
+void        xccl_tune_host(char *cpu, size_t len, int *cores);
+
 #endif /* XCCL_ALGO_ALGO_H */

@@ -141,9 +141,13 @@ static size_t shared_bytes(int size)
 }
 
 const xccl_algo_policy_t xccl_algo_policy = {
-    .select  = xccl_algo_select_memo,
-    .list    = xccl_algo_list,
-    .find    = xccl_algo_find,
-    .predict      = xccl_algo_predict_args,
-    .shared_bytes = shared_bytes,
+    .select        = xccl_algo_select_memo,
+    .list          = xccl_algo_list,
+    .find          = xccl_algo_find,
+    .predict       = xccl_algo_predict_args,
+    .shared_bytes  = shared_bytes,
+    .select_source = xccl_algo_select_source,
+    .tune_load     = xccl_tune_load,
+    .tune_applies  = xccl_tune_applies,
+    .tune_free     = xccl_tune_free,
 };

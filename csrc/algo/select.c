@@ -1,7 +1,19 @@
 /* SPDX-License-Identifier: Apache-2.0
  *
- * select.c - choice of the algorithm of a collective: forced per call, by a rule of $XCCL_ALGO,
- * or by the α-β-γ cost model.
+ * select.c - choice of the algorithm of a collective. In order, the first that decides:
+ *
+ *   source   what decides
+ *   forced   the call's algo= (anything but "auto")
+ *   env      a rule of $XCCL_ALGO matching (collective, nbytes) (grammar below)
+ *   table    the tuning table of the communicator (topo->tune: $XCCL_TUNE_FILE measured on
+ *            this host and transport, one node; tune.c), for its np and a size in a range
+ *   rule     the one-host block (topo->shared: "shm", then "cma") or a built-in rule
+ *            (builtin_rules below), only where no table applies
+ *   model    the α-β-γ-δ cost model: the applicable algorithm predicted fastest (with a
+ *            table, its fitted model: the core passes it as topo->intra)
+ *
+ * A choice the arguments rule out (count not divisible, no shared segment) falls through to
+ * the next source, except a forced one or an $XCCL_ALGO one, which fail naming it.
  *
  * $XCCL_ALGO grammar (spaces around tokens are ignored, empty rules are skipped):
  *
@@ -28,6 +40,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,33 +70,53 @@ static unsigned        env_gen; /* bumped by xccl_algo_reset_env: memoised choic
 /* Fallback when the caller has no model (the core passes its own, fitted per transport). */
 static const xccl_cost_model_t default_model = {20e-6, 1.0 / 2.0e9, 1.0 / 4.0e9, 1.0 / 8.0e9};
 
-/* Choices the α-β-γ model cannot make, because it has no term for them. They apply after
- * $XCCL_ALGO (whose rules win), not when "auto" asks for the model itself, and only to groups
- * on one node (nothing else was measured); the first match wins. The measurements behind them
- * are in docs/selection.md.
- *   - owner for large all_reduce and reduce_scatter: it moves the bytes of ring and Rabenseifner
- *     in more rounds, so the model never prefers it, but its receive window stays in cache
- *     where their whole-block scratch goes to memory and back, which decides large vectors.
- *   - linear broadcast where receivers copy from the sender's memory themselves (topo->pull):
- *     the model prices a fan-out by what the sender sends, but there the n-1 copies run in
- *     parallel, in one round.
- *   - where ranks outnumber their node's CPUs (topo->scarce, with pull), a step often waits
- *     for its receiver to be scheduled, so fewer rounds pay off further up than the model
- *     says: direct, then owner, then ring. Over TCP (no pull) these did not hold.
- *   - none for all_to_all: the model's choice (linear) held against pairwise. */
+/* Choices the α-β-γ-δ model cannot make, because it has no term for them. They apply after
+ * $XCCL_ALGO (whose rules win), only where no tuning table applies (a table replaces them), not
+ * when "auto" asks for the model itself, and only to groups on one node; the first match wins.
+ * Each was re-derived on the 2-vCPU VM (AMD EPYC, shared memory unless said; 2026-11-27, other
+ * jobs running: load 15-17) from medians of 9 interleaved rounds of the rule's algorithm
+ * against the model's choice, three launches; the numbers are t(rule) / t(model) per launch:
+ *   - direct below 64 KiB, owner from 64 KiB to 1 MiB, where ranks outnumber CPUs and
+ *     receivers pull (np=4): waiting to be scheduled costs more per round than α. 16 KiB:
+ *     direct/rabenseifner 0.66 0.61 0.66; 32 KiB: 0.74 0.65 1.00. 256 KiB: owner/rabenseifner
+ *     0.55 2.24 0.46, again 0.75 0.60 0.67; 512 KiB: 1.04 0.97 0.45.
+ *   - owner for all_reduce and reduce_scatter from 16 MiB on 2 to 4 ranks (its receive window
+ *     stays in cache where the others' whole-block scratch goes to memory and back). np=2:
+ *     all_reduce 16 MiB owner/rabenseifner 0.82 0.83 0.74, 64 MiB 0.84 0.90 0.60; over TCP
+ *     0.77 0.96 0.77 and 0.79 0.80 0.80; reduce_scatter 16 MiB owner/rhd 0.86 1.08 0.68,
+ *     64 MiB 0.82 0.85 0.75; over TCP 0.81 0.80 0.91 and 0.82 0.83 0.81. np=4 it depends on
+ *     the buffers: with torch's (4 KiB pages; what compare.py and most users pass) owner
+ *     held - all_reduce 16 MiB 1.22 0.84 0.94, 64 MiB 1.61 0.71 0.95 (XCCL_SHARED=0),
+ *     reduce_scatter (owner/direct) 1.14 0.85 0.96 and 1.34 0.68 0.86; compare.py --repeat 3,
+ *     owner against the model's: all_reduce 64 MiB 54 ms against 86, reduce_scatter 16 MiB
+ *     7.9 against 13.9 ms and 64 MiB 34 against 54 ms - while with numpy's (huge pages) the
+ *     model's choice won: all_reduce 2.19 1.57 1.84 and 2.52 1.48 2.16, reduce_scatter 1.86
+ *     1.18 1.60 and 1.99 1.34 1.60; over TCP all_reduce 1.18 1.05 1.04 and 1.01 1.33 1.54,
+ *     reduce_scatter 0.83 1.52 1.64 and 1.02 1.51 1.32. Not measured above 4 ranks: the
+ *     model (or a tuning table) decides there.
+ *   - linear broadcast from 1 MiB on 3 ranks or more where receivers pull: the model prices a
+ *     fan-out by what the sender sends, but the n-1 copies run in parallel, in one round.
+ *     np=4 against the model's scatter_allgather (1 MiB) or chain: 1 MiB 0.43 0.82 0.51,
+ *     4 MiB 0.19 0.58 0.34, 16 MiB 0.18 0.42 0.30, 64 MiB 0.18 0.50 0.29. On 2 ranks linear and
+ *     binomial are one message alike (16 MiB 0.97 0.99 1.00): the model's choice stands.
+ * Removed, the model's choice held: ring from 1 to 16 MiB where ranks outnumber CPUs (np=4:
+ * ring/rabenseifner 0.92 1.13 1.03 at 1 MiB, 1.65 1.33 1.15 at 4 MiB; compare.py --repeat 3
+ * with torch buffers: 392 against 356 µs at 1 MiB, 3.09 against 2.32 ms at 4 MiB, 19.5
+ * against 13.0 ms at 16 MiB - 4 bytes, where owner takes over). None for all_to_all:
+ * the model's choice (linear) held against pairwise (docs/selection.md). */
 static const struct builtin_rule {
     xccl_coll_t coll;
-    size_t      lo, hi; /* inclusive byte range */
-    int         pull;   /* only where receivers pull (topo->pull) */
-    int         scarce; /* only where ranks outnumber CPUs (topo->scarce) */
+    size_t      lo, hi;               /* inclusive byte range */
+    int         min_ranks, max_ranks; /* inclusive */
+    int         pull;                 /* only where receivers pull (topo->pull) */
+    int         scarce;               /* only where ranks outnumber CPUs (topo->scarce) */
     const char *algo;
 } builtin_rules[] = {
-    {XCCL_COLL_ALLREDUCE, 0, (64 << 10) - 1, 1, 1, "direct"},
-    {XCCL_COLL_ALLREDUCE, 64 << 10, (1 << 20) - 1, 1, 1, "owner"},
-    {XCCL_COLL_ALLREDUCE, 1 << 20, (16 << 20) - 1, 1, 1, "ring"},
-    {XCCL_COLL_ALLREDUCE, 16 << 20, SIZE_MAX, 0, 0, "owner"},
-    {XCCL_COLL_REDUCE_SCATTER, 16 << 20, SIZE_MAX, 0, 0, "owner"},
-    {XCCL_COLL_BROADCAST, 1 << 20, SIZE_MAX, 1, 0, "linear"},
+    {XCCL_COLL_ALLREDUCE, 0, (64 << 10) - 1, 2, INT_MAX, 1, 1, "direct"},
+    {XCCL_COLL_ALLREDUCE, 64 << 10, (1 << 20) - 1, 2, INT_MAX, 1, 1, "owner"},
+    {XCCL_COLL_ALLREDUCE, 16 << 20, SIZE_MAX, 2, 4, 0, 0, "owner"},
+    {XCCL_COLL_REDUCE_SCATTER, 16 << 20, SIZE_MAX, 2, 4, 0, 0, "owner"},
+    {XCCL_COLL_BROADCAST, 1 << 20, SIZE_MAX, 3, INT_MAX, 1, 0, "linear"},
 };
 
 /* Groups from this size on a host with a node-shared segment run the one-host algorithms by
@@ -231,6 +264,14 @@ void xccl_algo_reset_env(void)
     pthread_mutex_unlock(&env_lock);
 }
 
+/* Whether `a` can run these arguments: its own test, and a shared-memory algorithm only where
+ * the communicator has a node-shared segment (task.h, "Node-shared memory"). */
+static int usable(const xccl_algo_t *a, const xccl_coll_args_t *args, int size)
+{
+    if (a->shared && (args->topo == NULL || !(args->topo->shared & XCCL_SHARED_SEG))) return 0;
+    return a->applicable == NULL || a->applicable(args, size);
+}
+
 /* "ring, rd, direct" into buf; with args, only those applicable to them. */
 static void list_names(const xccl_coll_args_t *args, int size, char *buf, size_t len)
 {
@@ -239,7 +280,7 @@ static void list_names(const xccl_coll_args_t *args, int size, char *buf, size_t
 
     buf[0] = '\0';
     for (int i = 0; list[i] != NULL && at < len; i++) {
-        if (list[i]->applicable != NULL && !list[i]->applicable(args, size)) continue;
+        if (!usable(list[i], args, size)) continue;
         at += (size_t)snprintf(buf + at, len - at, "%s%s", at ? ", " : "", list[i]->name);
     }
 }
@@ -251,7 +292,7 @@ static xccl_status_t choose_named(const xccl_coll_args_t *args, int size, const 
     const xccl_algo_t *a = xccl_algo_find(args->coll, name);
     char               valid[256];
 
-    if (a != NULL && (a->applicable == NULL || a->applicable(args, size))) {
+    if (a != NULL && usable(a, args, size)) {
         *out = a;
         return XCCL_OK;
     }
@@ -266,20 +307,22 @@ static xccl_status_t choose_named(const xccl_coll_args_t *args, int size, const 
                       xccl_dtype_name(args->dtype), valid);
 }
 
-xccl_status_t xccl_algo_select(const xccl_coll_args_t *args, int size, size_t nbytes,
-                               const xccl_cost_model_t *m, const char *forced,
-                               const xccl_algo_t **out)
+xccl_status_t xccl_algo_select_source(const xccl_coll_args_t *args, int size, size_t nbytes,
+                                      const xccl_cost_model_t *m, const char *forced,
+                                      const xccl_algo_t **out, const char **source)
 {
     const xccl_algo_t *const *list;
     const xccl_algo_t        *best = NULL;
     double                    best_t = 0;
     char                      algo[NAME_MAX_LEN], why[160], msg[sizeof(env_error)];
     xccl_status_t             st;
+    const char               *tuned;
     int                       found = 0, model_only, one_node;
 
     if (args == NULL || out == NULL || (unsigned)args->coll >= XCCL_COLL_COUNT || size < 1)
         return XCCL_ERROR(XCCL_ERR_INVALID_ARG, "algorithm selection: bad arguments");
     if (m == NULL) m = &default_model;
+    *source = "forced";
     if (forced != NULL && *forced != '\0' && strcmp(forced, "auto") != 0)
         return choose_named(args, size, forced, "requested by the call", out);
     model_only = forced != NULL && strcmp(forced, "auto") == 0;
@@ -297,9 +340,25 @@ xccl_status_t xccl_algo_select(const xccl_coll_args_t *args, int size, size_t nb
     }
     pthread_mutex_unlock(&env_lock);
     if (st != XCCL_OK) return XCCL_ERROR(st, "%s", msg);
+    *source = "env";
     if (found && strcmp(algo, "auto") != 0) return choose_named(args, size, algo, why, out);
-    /* "auto" (per call or by a rule) asks for the model itself */
+    /* "auto" (per call or by a rule) asks for the model itself. A tuning table (the core sets
+     * topo->tune only where it was measured: this host, this transport, one node) replaces the
+     * built-in rules; where it has no choice, or its choice cannot run these arguments (the
+     * measurement used other counts), its fitted model (m) decides. */
     one_node = args->topo == NULL || args->topo->nnodes == 1;
+    tuned    = NULL;
+    if (!found && !model_only && args->topo != NULL && args->topo->tune != NULL && one_node)
+        tuned = xccl_tune_lookup(args->topo->tune, args->coll, size, nbytes);
+    if (tuned != NULL) {
+        const xccl_algo_t *a = xccl_algo_find(args->coll, tuned);
+        if (a != NULL && usable(a, args, size)) {
+            *source = "table";
+            *out    = a;
+            return XCCL_OK;
+        }
+    }
+    *source = "rule";
     /* One host sharing a segment (topo->shared, task.h), from ONE_HOST_MIN_RANKS ranks: the
      * one-host algorithms replace the message-based schedules - "shm" (segment slots) where
      * the call fits its slots, else "cma" (cross-memory reads) where the OS allows; otherwise
@@ -308,6 +367,7 @@ xccl_status_t xccl_algo_select(const xccl_coll_args_t *args, int size, size_t nb
      * 3.5-47 us against cma's 6.8-68, broadcast 8 B 0.65 against shm's 1.0 us). Not measured
      * on a many-core host yet; a tuning table replaces this block. */
     if (!found && !model_only && size >= ONE_HOST_MIN_RANKS && args->topo != NULL &&
+        args->topo->tune == NULL &&
         (args->topo->shared & XCCL_SHARED_SEG)) {
         static const char *const one_host[] = {"shm", "cma"};
         for (size_t i = 0; i < sizeof(one_host) / sizeof(one_host[0]); i++) {
@@ -325,26 +385,31 @@ xccl_status_t xccl_algo_select(const xccl_coll_args_t *args, int size, size_t nb
         }
     }
     for (size_t i = 0; !found && !model_only && one_node && size > 1 &&
+                       (args->topo == NULL || args->topo->tune == NULL) &&
                        i < sizeof(builtin_rules) / sizeof(builtin_rules[0]);
          i++) {
         const struct builtin_rule *b = &builtin_rules[i];
         const xccl_algo_t         *a;
         if (b->coll != args->coll || nbytes < b->lo || nbytes > b->hi) continue;
+        if (size < b->min_ranks || size > b->max_ranks) continue;
         if (b->pull && (args->topo == NULL || !args->topo->pull)) continue;
         if (b->scarce && (args->topo == NULL || !args->topo->scarce)) continue;
         a = xccl_algo_find(args->coll, b->algo); /* by name only once a rule applies */
-        if (a == NULL || (a->applicable != NULL && !a->applicable(args, size))) continue;
+        if (a == NULL || !usable(a, args, size)) continue;
         *out = a;
         return XCCL_OK;
     }
 
-    list = xccl_algo_list(args->coll);
+    *source = "model";
+    list    = xccl_algo_list(args->coll);
     for (int i = 0; list[i] != NULL; i++) {
         double t;
-        if (list[i]->applicable != NULL && !list[i]->applicable(args, size)) continue;
-        /* below ONE_HOST_MIN_RANKS the one-host algorithms run when forced or asked of the
-         * model itself ("auto"), not by default (see the block above) */
-        if (list[i]->shared && !model_only && size < ONE_HOST_MIN_RANKS) continue;
+        if (!usable(list[i], args, size)) continue;
+        /* below ONE_HOST_MIN_RANKS the one-host algorithms run when forced, asked of the model
+         * itself ("auto") or chosen by a tuning table, not by default (see the block above) */
+        if (list[i]->shared && !model_only && size < ONE_HOST_MIN_RANKS &&
+            (args->topo == NULL || args->topo->tune == NULL))
+            continue;
         t = xccl_algo_predict_args(list[i], args, m, size, nbytes);
         if (best == NULL || t < best_t) {
             best   = list[i];
@@ -358,6 +423,15 @@ xccl_status_t xccl_algo_select(const xccl_coll_args_t *args, int size, size_t nb
                           xccl_dtype_name(args->dtype));
     *out = best;
     return XCCL_OK;
+}
+
+xccl_status_t xccl_algo_select(const xccl_coll_args_t *args, int size, size_t nbytes,
+                               const xccl_cost_model_t *m, const char *forced,
+                               const xccl_algo_t **out)
+{
+    const char *source;
+
+    return xccl_algo_select_source(args, size, nbytes, m, forced, out, &source);
 }
 
 static struct xccl_algo_memo_slot *memo_slot(xccl_algo_memo_t *memo, const xccl_coll_args_t *a,

@@ -387,6 +387,12 @@ struct xccl_ctx {
      * ($XCCL_TRANSPORTS), not those this rank loaded, so that they are the same on every rank */
     xccl_cost_model_t model_intra, model_inter;
     int               model_pull;
+    /* the tuning table of $XCCL_TUNE_FILE (NULL: none), the same on every rank (ctx.c,
+     * tune_agree); tune_ok: it was measured on this host with the transport of model_intra,
+     * whose fitted model is then tune_intra (topo.c gives both to one-node communicators) */
+    xccl_tune_t      *tune;
+    int               tune_ok;
+    xccl_cost_model_t tune_intra;
     int8_t           *peer_tp;   /* transport slot per world rank for host memory (-1: self) */
     /* transport slot per (memory type, world rank): [mem * size + rank]; -1: none moves that
      * memory type to that rank (or self) */
@@ -468,6 +474,10 @@ typedef struct xccl_addr_rec {
     char        names[XCCL_MAX_TRANSPORTS][16];
     size_t      lens[XCCL_MAX_TRANSPORTS];
     const void *blobs[XCCL_MAX_TRANSPORTS];
+    /* after the transports: the rank's tuning table, [u64 hash][i32 status of its load]
+     * [u16 length][its $XCCL_TUNE_FILE] (ctx.c, tune_agree); tail_len 0 if absent */
+    const uint8_t *tail;
+    size_t         tail_len;
 } xccl_addr_rec_t;
 /* XCCL_ERR_REMOTE (naming `rank`) when the record is malformed. */
 xccl_status_t xccl_addr_rec_parse(const uint8_t *p, size_t len, int rank, xccl_addr_rec_t *r);

@@ -108,6 +108,8 @@ xccl_status_t xccl_addr_rec_parse(const uint8_t *p, size_t len, int rank, xccl_a
         r->blobs[i] = p + off;
         off += l;
     }
+    r->tail     = p + off;
+    r->tail_len = len - off;
     return XCCL_OK;
 bad:
     return XCCL_ERROR(XCCL_ERR_REMOTE, "bootstrap: malformed address record from rank %d", rank);
@@ -192,6 +194,7 @@ static void ctx_free(xccl_ctx_t *ctx)
     free(ctx->peer_dead);
     free(ctx->peer_scarce);
     free(ctx->defer_since);
+    xccl_algo_policy.tune_free(ctx->tune);
     while (ctx->stage_all != NULL) {
         xccl_sbuf_t *b = ctx->stage_all;
         ctx->stage_all = b->anext;
@@ -286,6 +289,83 @@ static xccl_status_t scarce_hosts(xccl_ctx_t *ctx)
     return XCCL_OK;
 }
 
+/* The tuning-table trailer of this rank's address record (xccl_addr_rec_t.tail) at p; returns
+ * its length (at most TUNE_TAIL_MAX). */
+#define TUNE_TAIL_MAX (8 + 4 + 2 + 256)
+static size_t tune_tail(uint8_t *p, uint64_t hash, xccl_status_t st, const char *path)
+{
+    uint16_t n = (uint16_t)(path != NULL ? strnlen(path, 256) : 0);
+    int32_t  s = st;
+
+    memcpy(p, &hash, 8);
+    memcpy(p + 8, &s, 4);
+    memcpy(p + 12, &n, 2);
+    if (n > 0) memcpy(p + 14, path, n);
+    return 14 + (size_t)n;
+}
+
+/* Every rank must choose the same algorithms, so every rank must use the same tuning table
+ * ($XCCL_TUNE_FILE, the same bytes) or none. Each rank published the hash of its table (or the
+ * failure to load it) in its address record; all ranks see the same records, so all fail
+ * alike: naming the ranks whose file could not be loaded, or the ranks and files that differ
+ * from rank 0's. `mine` is this rank's own load (its error message in my_err). */
+static xccl_status_t tune_agree(const xccl_ctx_t *ctx, const xccl_addr_rec_t *recs,
+                                uint64_t my_hash, xccl_status_t mine, const char *my_path,
+                                const char *my_err)
+{
+    char     msg[768];
+    size_t   at  = 0;
+    uint64_t h0  = 0;
+    int      bad = 0;
+
+    if (mine < 0) return XCCL_ERROR(mine, "comm create on rank %d: %s", ctx->rank, my_err);
+    for (int r = 0; r < ctx->size; r++) {
+        uint64_t    h    = my_hash;
+        int32_t     s    = 0;
+        uint16_t    n    = 0;
+        const char *path = my_path ? my_path : "";
+        if (r != ctx->rank) {
+            const xccl_addr_rec_t *rec = &recs[r];
+            if (rec->tail_len < 14) {
+                return XCCL_ERROR(XCCL_ERR_REMOTE,
+                                  "comm create on rank %d: rank %d sent no tuning-table hash "
+                                  "(a different xccl version?)",
+                                  ctx->rank, r);
+            }
+            memcpy(&h, rec->tail, 8);
+            memcpy(&s, rec->tail + 8, 4);
+            memcpy(&n, rec->tail + 12, 2);
+            if (n > 256 || 14 + (size_t)n > rec->tail_len)
+                return XCCL_ERROR(XCCL_ERR_REMOTE,
+                                  "bootstrap: malformed tuning record from "
+                                  "rank %d",
+                                  r);
+            path = (const char *)rec->tail + 14;
+        } else {
+            n = (uint16_t)strnlen(path, 256);
+        }
+        if (s < 0)
+            return XCCL_ERROR(XCCL_ERR_INVALID_ARG,
+                              "comm create on rank %d: rank %d could not load its tuning table "
+                              "XCCL_TUNE_FILE=%.*s (its error says why)",
+                              ctx->rank, r, (int)n, path);
+        if (r == 0) h0 = h;
+        if (r == 0 || h != h0) {
+            if (h != h0) bad++;
+            if (at < sizeof(msg))
+                at += (size_t)snprintf(
+                    msg + at, sizeof(msg) - at, "%srank %d: %s%.*s (hash %016llx)", at ? ", " : "",
+                    r, n ? "XCCL_TUNE_FILE=" : "no table", (int)n, path, (unsigned long long)h);
+        }
+    }
+    if (bad == 0) return XCCL_OK;
+    return XCCL_ERROR(XCCL_ERR_INVALID_ARG,
+                      "comm create on rank %d: the ranks' tuning tables differ (every rank must "
+                      "load the same XCCL_TUNE_FILE content, or none, to choose the same "
+                      "algorithms): %s",
+                      ctx->rank, msg);
+}
+
 xccl_status_t xccl_ctx_create(const xccl_comm_config_t *cfg, xccl_ctx_t **out)
 {
     xccl_ctx_t                 *ctx = calloc(1, sizeof(*ctx));
@@ -306,6 +386,10 @@ xccl_status_t xccl_ctx_create(const xccl_comm_config_t *cfg, xccl_ctx_t **out)
     const char                 *spec  = cfg->transports ? cfg->transports : getenv("XCCL_TRANSPORTS");
     const void                 *key_p = cfg->auth_key;
     size_t                      key_l = cfg->auth_key_len;
+    const char                 *tune_path = getenv("XCCL_TUNE_FILE");
+    uint64_t                    tune_hash = 0;
+    xccl_status_t               tune_st;
+    char                        tune_err[512] = "";
 
     if (ctx == NULL) return XCCL_ERROR(XCCL_ERR_NO_MEMORY, "comm create: out of memory");
     pthread_mutex_init(&ctx->lock, NULL);
@@ -412,6 +496,11 @@ xccl_status_t xccl_ctx_create(const xccl_comm_config_t *cfg, xccl_ctx_t **out)
     scarce          = ctx->peer_scarce[cfg->rank];
     ctx->spin_yield = xccl_env_int("XCCL_SPIN_YIELD", scarce) != 0;
 
+    /* the tuning table: loaded here, published with the address record, agreed below (a rank
+     * whose file is malformed still publishes, so that the others fail at once too) */
+    tune_st = xccl_algo_policy.tune_load(tune_path, &ctx->tune, &tune_hash);
+    if (tune_st < 0) snprintf(tune_err, sizeof(tune_err), "%s", xccl_last_error());
+
     /* 3. transports */
     if (ncand == 0) {
         st = XCCL_ERROR(XCCL_ERR_INVALID_ARG, "no transport matches XCCL_TRANSPORTS='%s'",
@@ -424,7 +513,7 @@ xccl_status_t xccl_ctx_create(const xccl_comm_config_t *cfg, xccl_ctx_t **out)
             .auth_key = key_p, .auth_key_len = key_p ? key_l : 0, .cpus_scarce = scarce,
         };
         size_t off;
-        rec = calloc(1, 4 + (size_t)XCCL_MAX_TRANSPORTS * (20 + XCCL_TP_ADDR_MAX));
+        rec = calloc(1, 4 + (size_t)XCCL_MAX_TRANSPORTS * (20 + XCCL_TP_ADDR_MAX) + TUNE_TAIL_MAX);
         if (rec == NULL) {
             st = XCCL_ERROR(XCCL_ERR_NO_MEMORY, "comm create: out of memory");
             goto out;
@@ -479,6 +568,7 @@ xccl_status_t xccl_ctx_create(const xccl_comm_config_t *cfg, xccl_ctx_t **out)
                             cfg->rank, spec != NULL ? spec : "auto", unusable);
             goto out;
         }
+        off += tune_tail(rec + off, tune_hash, tune_st, tune_path);
         snprintf(key, sizeof(key), "%saddr/%d", prefix, cfg->rank);
         XCCL_CHECK_GOTO(xccl_store_set(cfg->store, key, rec, off), st, out);
     }
@@ -489,6 +579,7 @@ xccl_status_t xccl_ctx_create(const xccl_comm_config_t *cfg, xccl_ctx_t **out)
         if (st < 0) goto out;
         XCCL_CHECK_GOTO(xccl_addr_rec_parse(raw[r], vlen, r, &recs[r]), st, out);
     }
+    XCCL_CHECK_GOTO(tune_agree(ctx, recs, tune_hash, tune_st, tune_path, tune_err), st, out);
 
     /* the models communicators price links with (topo.c), the same on every rank: from the
      * transports asked for, less those between hosts that no rank could start (ibverbs on a

@@ -69,9 +69,11 @@ static int explain_rows(const xccl_coll_args_t *args, int size, size_t nbytes,
 {
     const xccl_algo_t *const *list   = xccl_algo_policy.list(args->coll);
     const xccl_algo_t        *chosen = NULL;
+    const char               *source = "";
     int                       k      = 0;
 
-    if (xccl_algo_policy.select(NULL, args, size, nbytes, m, NULL, &chosen) < 0) chosen = NULL;
+    if (xccl_algo_policy.select_source(args, size, nbytes, m, NULL, &chosen, &source) < 0)
+        chosen = NULL;
     for (int i = 0; list[i] != NULL && k < max; i++, k++) {
         const xccl_algo_t *a    = list[i];
         xccl_cost_t        cost = {0}, inter = {0};
@@ -86,9 +88,13 @@ static int explain_rows(const xccl_coll_args_t *args, int size, size_t nbytes,
         o->steps        = cost.steps + inter.steps;
         o->bytes        = cost.bytes + inter.bytes;
         o->reduce_bytes = cost.reduce_bytes + inter.reduce_bytes;
+        o->copy_bytes   = cost.copy_bytes + inter.copy_bytes;
         o->predicted_s  = xccl_algo_policy.predict(a, args, m, size, nbytes);
-        o->applicable   = a->applicable == NULL || a->applicable(args, size);
+        o->applicable =
+            (a->applicable == NULL || a->applicable(args, size)) &&
+            (!a->shared || (args->topo != NULL && (args->topo->shared & XCCL_SHARED_SEG)));
         o->chosen       = a == chosen;
+        if (o->chosen) snprintf(o->source, sizeof(o->source), "%s", source);
     }
     return k;
 }

@@ -110,6 +110,12 @@ typedef struct xccl_cost_model {
  * large payloads from the sender's memory themselves (so a sender's fan-out is parallel);
  * `scarce`: a node of some member runs more ranks of the job than the CPUs they may use, so a
  * message often waits for its receiver to be scheduled. Identical on every rank. */
+/* A tuning table ($XCCL_TUNE_FILE, written by xccl-tune): choices measured on one host signature
+ * and transport, and a cost model fitted there. Its format belongs to the policy (csrc/algo/
+ * tune.c); the core only loads it through the policy, agrees on it across ranks and hands it to
+ * the communicators it applies to. */
+typedef struct xccl_tune xccl_tune_t;
+
 typedef struct xccl_topo {
     int               nnodes;
     const int        *node_of;
@@ -117,6 +123,10 @@ typedef struct xccl_topo {
     int               pull;
     int               scarce;
     unsigned          shared; /* XCCL_SHARED_* bits: see "Node-shared memory" below         */
+    /* the tuning table measured on this host with this transport, for a communicator on one
+     * node (NULL: none; intra is then its fitted model where it has one). Identical on every
+     * rank: the core checks that all ranks loaded the same table. */
+    const xccl_tune_t *tune;
 } xccl_topo_t;
 
 typedef struct xccl_coll_args {
@@ -329,6 +339,20 @@ typedef struct xccl_algo_policy {
                       const xccl_cost_model_t *m, int size, size_t nbytes);
     /* Bytes of the node-shared segment a communicator of `size` ranks needs (0: none). */
     size_t (*shared_bytes)(int size);
+    /* select without a memo that also says where the choice came from: "forced" (the call's
+     * algo=), "env" ($XCCL_ALGO), "table" (topo->tune), "rule" (a built-in rule) or "model". */
+    xccl_status_t (*select_source)(const xccl_coll_args_t *args, int size, size_t nbytes,
+                                   const xccl_cost_model_t *m, const char *forced,
+                                   const xccl_algo_t **out, const char **source);
+    /* Tuning tables. tune_load reads the table at `path` (NULL or "": *out = NULL, *hash = 0);
+     * a malformed one fails naming the file and line. *hash identifies its content (ranks that
+     * loaded different tables have different hashes). tune_applies says whether t was measured
+     * on this host with the transport called `transport`; if so (1) and the table has a
+     * fitted model, *m becomes it; if not (0), why[len] says why. */
+    xccl_status_t (*tune_load)(const char *path, xccl_tune_t **out, uint64_t *hash);
+    int (*tune_applies)(const xccl_tune_t *t, const char *transport, xccl_cost_model_t *m,
+                        char *why, size_t len);
+    void (*tune_free)(xccl_tune_t *t);
 } xccl_algo_policy_t;
 
 extern const xccl_algo_policy_t xccl_algo_policy;

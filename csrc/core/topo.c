@@ -61,6 +61,17 @@ void xccl_ctx_topo_models(xccl_ctx_t *ctx, const xccl_transport_ops_t *const *ca
     ctx->model_inter = transport_model(inter != NULL ? inter : intra);
     ctx->model_intra = transport_model(intra != NULL ? intra : inter);
     ctx->model_pull  = intra != NULL && (intra->caps & XCCL_TP_CAP_RECV_PULL) != 0;
+    /* a tuning table applies where it was measured: this host's signature and the transport
+     * that carries messages inside it */
+    ctx->tune_ok = 0;
+    if (ctx->tune != NULL) {
+        const xccl_transport_ops_t *tp = intra != NULL ? intra : inter;
+        char                        why[512];
+        ctx->tune_intra = ctx->model_intra;
+        ctx->tune_ok    = xccl_algo_policy.tune_applies(ctx->tune, tp ? tp->name : NULL,
+                                                        &ctx->tune_intra, why, sizeof(why));
+        if (!ctx->tune_ok) XCCL_WARN("tuning table ignored: %s", why);
+    }
 }
 
 xccl_status_t xccl_comm_topo_init(xccl_comm_t *comm)
@@ -84,6 +95,11 @@ xccl_status_t xccl_comm_topo_init(xccl_comm_t *comm)
     comm->topo.inter   = ctx->model_inter;
     comm->topo.intra   = ctx->model_intra;
     comm->topo.pull    = ctx->model_pull;
+    comm->topo.tune    = NULL;
+    if (nnodes == 1 && ctx->tune_ok) { /* measured on one host: used on one host only */
+        comm->topo.tune  = ctx->tune;
+        comm->topo.intra = ctx->tune_intra;
+    }
     comm->topo.scarce  = 0;
     for (int i = 0; i < comm->size; i++)
         comm->topo.scarce |= ctx->peer_scarce[comm->world[i]];

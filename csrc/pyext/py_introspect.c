@@ -58,11 +58,11 @@ static int parse_model(PyObject *model, double out[3])
 
 static PyObject *algo_info_dict(const xccl_algo_info_t *a)
 {
-    return Py_BuildValue("{s:s,s:s,s:d,s:d,s:d,s:d,s:O,s:O}", "name", a->name, "summary",
+    return Py_BuildValue("{s:s,s:s,s:d,s:d,s:d,s:d,s:d,s:O,s:O,s:s}", "name", a->name, "summary",
                          a->summary, "steps", a->steps, "bytes", a->bytes, "reduce_bytes",
-                         a->reduce_bytes, "predicted_s", a->predicted_s, "applicable",
-                         a->applicable ? Py_True : Py_False, "chosen",
-                         a->chosen ? Py_True : Py_False);
+                         a->reduce_bytes, "copy_bytes", a->copy_bytes, "predicted_s",
+                         a->predicted_s, "applicable", a->applicable ? Py_True : Py_False, "chosen",
+                         a->chosen ? Py_True : Py_False, "source", a->source);
 }
 
 /* A list of algo_info_dict, one per entry of info[0..n). */

@@ -46,9 +46,11 @@ def explain(coll: str, nbytes: int, size: int,
     "gather", "scatter", "reduce_scatter", "all_to_all", "all_to_all_v", "barrier") for
     `size` ranks and a message of `nbytes` (nccl-tests size), in selection order. One dict per
     algorithm: name, summary, steps (message rounds on the critical path), bytes (sent by one
-    rank on it), reduce_bytes (combined locally), predicted_s (alpha * steps + beta * bytes +
-    gamma * reduce_bytes), applicable (bool) and chosen (bool: what xccl would run, honouring
-    $XCCL_ALGO). `model` is (alpha s, beta s/byte, gamma s/byte); None: default_model().
+    rank on it), reduce_bytes (combined locally), copy_bytes (copied through memory by the
+    rank itself), predicted_s (alpha * steps + beta * bytes + gamma * reduce_bytes + delta *
+    copy_bytes), applicable (bool), chosen (bool: what xccl would run, honouring $XCCL_ALGO)
+    and source (on the chosen row: "env", "table", "rule" or "model", else ""). `model` is
+    (alpha s, beta s/byte, gamma s/byte); None: default_model().
     ValueError for an unknown collective."""
 def default_model() -> tuple[float, float, float]:
     """(alpha s, beta s/byte, gamma s/byte) of the built-in cost model."""

@@ -81,6 +81,30 @@ def algo_seeds() -> dict[str, bytes]:
             for name, spec in specs.items()}
 
 
+# ---- tune: tuning tables as xccl-tune writes them (csrc/algo/tune.c) ---------------------------
+@harness("tune")
+def tune_seeds() -> dict[str, bytes]:
+    """A table as written, its parts, and the errors the tests name."""
+    head = "xccl-tune 1\nhost transport=shm cores=2 cpu=AMD EPYC 7B13\n"
+    tables = {
+        "written": head + "# fitted\nmodel alpha=2.1e-06 beta=1.4e-10 gamma=9e-11 "
+        "delta=1.2e-10\n# all_reduce, 2 ranks\nchoose all_reduce np=2 bytes=0-2896 algo=rd\n"
+        "choose all_reduce np=2 bytes=2897-1048576 algo=ring\nmeas all_reduce np=2 bytes=8 "
+        "best=rd rd=2.7e-06 ring=5.3e-06\nchoose barrier np=8 bytes=0-0 algo=dissemination\n",
+        "every_coll": head + "".join(
+            f"choose {c} np=4 bytes=0-inf algo=linear\n"
+            for c in ("broadcast", "reduce", "gather", "scatter", "all_to_all", "all_to_all_v",
+                      "barrier")),
+        "other_host": "xccl-tune 1\nhost transport=tcp cores=128 cpu=Other\n",
+        "bad_version": "xccl-tune 2\n",
+        "bad_algo": head + "choose all_reduce np=2 bytes=0-64 algo=nosuch\n",
+        "bad_range": head + "choose all_reduce np=2 bytes=64-8 algo=rd\n",
+        "no_host": "xccl-tune 1\nchoose all_reduce np=2 bytes=0-64 algo=rd\n",
+        "empty": "",
+    }
+    return {name: text.encode() for name, text in tables.items()}
+
+
 # ---- TCP store: request/response layout of csrc/core/store_tcp.c (big-endian) -----------------
 STORE_MAGIC = 0x58435331
 CMD = {"join": 1, "set": 2, "get": 3, "add": 4, "wait": 5, "check": 6, "compare_set": 7,

@@ -335,6 +335,11 @@ typedef struct xccl_algo_info {
     double predicted_s;  /* alpha * steps + beta * bytes + gamma * reduce_bytes              */
     int    applicable;
     int    chosen;       /* the one xccl would run (honouring $XCCL_ALGO)                    */
+    double copy_bytes;   /* bytes the rank copies through memory itself (priced with delta)  */
+    /* on the chosen row, where the choice came from: "env" ($XCCL_ALGO), "table" (a tuning
+     * table, $XCCL_TUNE_FILE), "rule" (a built-in rule) or "model" (the cost model); "" on
+     * the others */
+    char source[16];
 } xccl_algo_info_t;
 
 /* Every algorithm of collective `coll` ("all_reduce", "broadcast", ...) for `size` ranks and a

@@ -141,7 +141,8 @@ def _fmt_time(s: float) -> str:
 
 class Explanation(list):  # type: ignore[type-arg]
     """The rows of :func:`explain` (one dict per algorithm: name, summary, steps, bytes,
-    reduce_bytes, predicted_s, applicable, chosen, and the time split into latency, bandwidth
+    reduce_bytes, copy_bytes, predicted_s, applicable, chosen, source - where the choice came
+    from, on the chosen row - and the time split into latency, bandwidth
     and reduce terms), shown as a table in a terminal or a notebook."""
 
     def __init__(self, rows: Iterable[dict[str, Any]], collective: str, nbytes: int,
@@ -156,6 +157,14 @@ class Explanation(list):  # type: ignore[type-arg]
     def chosen(self) -> Optional[dict[str, Any]]:
         """The row of the algorithm xccl would run."""
         return next((r for r in self if r["chosen"]), None)
+
+    @property
+    def source(self) -> str:
+        """Where the choice came from: "env" ($XCCL_ALGO), "table" (a tuning table,
+        $XCCL_TUNE_FILE), "rule" (a built-in rule) or "model" (the cost model); "" if none
+        was chosen."""
+        row = self.chosen
+        return str(row.get("source", "")) if row is not None else ""
 
     @property
     def fastest(self) -> Optional[dict[str, Any]]:
@@ -173,8 +182,9 @@ class Explanation(list):  # type: ignore[type-arg]
                 "reduce", "predicted", ""]
         body = []
         for r in self:
-            mark = "<- chosen" if r["chosen"] else ("(not applicable)" if not r["applicable"]
-                                                    else "")
+            src = f" ({r['source']})" if r.get("source") else ""
+            mark = f"<- chosen{src}" if r["chosen"] else (
+                "(not applicable)" if not r["applicable"] else "")
             body.append([r["name"], f"{r['steps']:g}", _fmt_bytes(r["bytes"]),
                          _fmt_bytes(r["reduce_bytes"]), _fmt_time(r["latency_s"]),
                          _fmt_time(r["bandwidth_s"]), _fmt_time(r["reduce_s"]),
@@ -237,8 +247,10 @@ def explain(
         comm = _group.resolve(group).comm
         rows = comm.explain(coll, int(nbytes))
         runs = comm.choose(coll, int(nbytes))
+        source = next((r["source"] for r in rows if r["chosen"]), "")
         for r in rows:
             r["chosen"] = r["name"] == runs
+            r["source"] = source if r["chosen"] else ""
     else:
         rows = _C.explain(coll, int(nbytes), p, m.as_tuple())
     for r in rows:
@@ -246,6 +258,10 @@ def explain(
         r["latency_s"] = m.alpha * r["steps"]
         r["bandwidth_s"] = m.beta * r["bytes"]
         r["reduce_s"] = m.gamma * r["reduce_bytes"]
+        # the memory-traffic term (one-host algorithms: bytes a rank copies itself), priced
+        # with the engine's δ: what remains of the prediction once the other terms are taken
+        r["copy_s"] = max(r["predicted_s"] - r["latency_s"] - r["bandwidth_s"] - r["reduce_s"],
+                          0.0) if r.get("copy_bytes") else 0.0
     return Explanation(rows, coll, int(nbytes), p, m)
 
 
