@@ -365,6 +365,22 @@ def _mark(run: Run) -> dict[str, Any]:
     }
 
 
+class Stopped(Exception):
+    """SIGTERM or SIGINT arrived: the run in progress was ended; write the report now."""
+
+
+# The signal that asked compare.py to stop (set by _on_signal), and whether one may interrupt
+# a run's wait right away (elsewhere the loop looks at _STOP before each run).
+_STOP: list[str] = []
+_WAITING = [False]
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    _STOP.append(signal.Signals(signum).name)
+    if _WAITING[0]:
+        raise Stopped(_STOP[0])
+
+
 def _stop_group(proc: subprocess.Popen[bytes]) -> None:
     """Ends the process group that `proc` leads (the benchmark and the ranks it spawned):
     SIGTERM, then SIGKILL after 5 s."""
@@ -398,16 +414,22 @@ def execute(run: Run, timeout: float) -> None:
         proc = subprocess.Popen(
             run.cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True
         )
+        stopped: Optional[BaseException] = None
+        rc: Optional[int] = None
         try:
-            rc: Optional[int] = proc.wait(timeout=max(timeout, 0.1))
+            _WAITING[0] = True
+            if not _STOP:
+                rc = proc.wait(timeout=max(timeout, 0.1))
         except subprocess.TimeoutExpired:
-            rc = None
-        except BaseException:
-            _stop_group(proc)
-            raise
+            pass
+        except (Stopped, KeyboardInterrupt) as e:
+            stopped = e
         finally:
+            _WAITING[0] = False
             if proc.poll() is None or rc is None:
                 _stop_group(proc)
+        if _STOP and stopped is None and rc is None:
+            stopped = Stopped(_STOP[0])
     run.seconds = time.monotonic() - t0
     data: Optional[dict[str, Any]] = None
     if os.path.exists(run.json_path):
@@ -423,6 +445,9 @@ def execute(run: Run, timeout: float) -> None:
         with open(run.json_path, "w", encoding="utf-8") as f:
             json.dump(data, f, indent=1)
             f.write("\n")
+    if stopped is not None:
+        run.status = f"stopped after {run.seconds:.0f} s ({len(run.rows)} rows kept from its log)"
+        raise stopped
     if rc is None:
         run.status = f"timed out after {timeout:.0f} s ({len(run.rows)} rows kept from its log)"
     elif any((row.get("wrong") or 0) > 0 for row in run.rows):
@@ -1095,8 +1120,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     runs = plan_runs(
         systems, nps, bench_args, raw, mpi_version, args.repeat, args.thp, cpus, args.mpi_bind
     )
+    # SIGTERM (a time limit's `timeout`) or Ctrl-C: end the run in progress, skip the rest and
+    # still write the report.
+    signal.signal(signal.SIGTERM, _on_signal)
+    stopped = ""
     for i, run in enumerate(runs, 1):
         what = f"[{i}/{len(runs)}] {run.system} np={np_label(run.nranks, cpus)}"
+        if _STOP and not stopped:
+            stopped = f"stopped by {_STOP[0]}"
+        if stopped:
+            run.status = f"skipped: {stopped}"
+            continue
         if run.system.startswith("mpi") and mpi_problem:
             run.status = f"skipped: {mpi_problem}"
             continue
@@ -1109,8 +1143,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 continue
             timeout = min(timeout, left)
         _say(f"{what} ...")
-        execute(run, timeout)
+        try:
+            execute(run, timeout)
+        except (Stopped, KeyboardInterrupt) as e:
+            stopped = f"stopped by {e or 'SIGINT'}"
         _say(f"{what}: {run.status} ({run.seconds:.0f} s, load {_loadavg()})")
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     elapsed = time.monotonic() - t_start
 
     settings = {

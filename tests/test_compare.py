@@ -249,9 +249,9 @@ def test_timeout_stops_the_whole_run_and_keeps_its_rows(tmp_path: Path) -> None:
     )
     run.cpus, run.oversubscribed = 2, True
     t0 = time.monotonic()
-    compare.execute(run, timeout=3.0)
+    compare.execute(run, timeout=5.0)  # the script prints its row at once, then sleeps
     assert time.monotonic() - t0 < 60
-    assert run.status.startswith("timed out after 3 s (1 rows")
+    assert run.status.startswith("timed out after 5 s (1 rows")
     assert [(r["op"], r["size"], r["time_us"]) for r in run.rows] == [("all_reduce", 8, 2.5)]
     assert run.meta["compare"] == {
         "system": "xccl-shm",
@@ -316,3 +316,43 @@ def test_measure_bounds_writes_raw(tmp_path: Path) -> None:
 def test_module_docstring_names_the_mark() -> None:
     doc = textwrap.dedent(compare.__doc__ or "")
     assert "oversubscribed" in doc and "--bind-to none" in doc and "membw" in doc
+
+
+def test_sigterm_stops_the_run_and_keeps_its_rows(tmp_path: Path) -> None:
+    """A time limit's SIGTERM ends the run in progress (its processes too) and lets compare.py
+    write its report: execute raises Stopped after keeping the rows."""
+    import signal
+    import threading
+
+    script = tmp_path / "slow.py"
+    script.write_text(_SLOW)
+    pidfile = tmp_path / "child.pid"
+    run = compare.Run(
+        "gloo", 2, 0, [sys.executable, str(script), str(pidfile)], {},
+        str(tmp_path / "r.json"), str(tmp_path / "r.txt"),
+    )  # fmt: skip
+    old = signal.signal(signal.SIGTERM, compare._on_signal)
+
+    def term_once_printed() -> None:  # SIGTERM once the run has printed its row
+        log = tmp_path / "r.txt"
+        for _ in range(1200):
+            if log.exists() and "all_reduce" in log.read_text() and pidfile.exists():
+                break
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    timer = threading.Thread(target=term_once_printed, daemon=True)
+    try:
+        timer.start()
+        with pytest.raises(compare.Stopped, match="SIGTERM"):
+            compare.execute(run, timeout=100.0)
+    finally:
+        timer.join()
+        signal.signal(signal.SIGTERM, old)
+        compare._STOP.clear()
+    assert run.status.startswith("stopped after") and "(1 rows" in run.status
+    child = int(pidfile.read_text())
+    deadline = time.monotonic() + 20
+    while not _gone(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _gone(child)
