@@ -45,7 +45,9 @@ times measure the scheduler as much as the library. Such runs are marked in ever
 the report's headings and np columns, the plots' titles, the printed ratios, the raw log's
 first line and the raw JSON's ``meta["compare"]``. Open MPI runs with ``--bind-to none``
 (``--mpi-bind`` changes it): xccl's and gloo's ranks are not pinned either, so all systems
-are placed alike by the OS, and binding to cores is refused when ranks outnumber them.
+are placed alike by the OS, and binding to cores is refused when ranks outnumber them. It
+also gets ``--use-hwthread-cpus`` (its slots are the CPUs the mark counts, so it runs in its
+oversubscribed mode, yielding when idle, exactly in the marked runs) and ``--oversubscribe``.
 
 The memory-system bound (``--bound``, on by default; ``benchmarks/membw.c``, compiled with
 ``cc``): for each rank count N, N processes each copy their own buffer of the bandwidth
@@ -335,9 +337,11 @@ def plan_runs(
             cmd = [*XCCL_BENCH, "--np", str(n), "--backend", "xccl"]
             cmd += ["--transport", system.split("-")[1]]
         else:
-            # --oversubscribe always: Open MPI counts cores (not hardware threads) as slots
-            # and refuses more ranks than slots without it.
-            cmd = ["mpirun", "-np", str(n), "--oversubscribe", "--bind-to", mpi_bind]
+            # Slots are hardware threads (as the mark counts CPUs), so that Open MPI thinks
+            # itself oversubscribed (and yields when idle) exactly when the mark says so;
+            # --oversubscribe lets it start more ranks than slots at all.
+            cmd = ["mpirun", "-np", str(n), "--use-hwthread-cpus", "--oversubscribe"]
+            cmd += ["--bind-to", mpi_bind]
             cmd += ["--allow-run-as-root"] if _is_root() else []
             cmd += ["--mca", "pml", "ob1"]
             if system == "mpi-shm":

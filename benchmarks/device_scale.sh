@@ -30,6 +30,7 @@
 #   XCCL_SCALE_NP (8,16)  XCCL_SCALE_SYSTEMS (xccl-shm,mpi-shm,gloo)  XCCL_SCALE_OPS (all six)
 #   XCCL_SCALE_SIZES (8 B .. 64 MiB)  XCCL_SCALE_MINTIME (0.1)  XCCL_SCALE_ITERS (5)
 #   XCCL_SCALE_BUDGET (330: seconds for the whole script, build included)
+#   XCCL_SCALE_RUN_LIMIT (120: seconds one system at one np may take)
 #   XCCL_SCALE_WHEELS (.whl)  XCCL_SCALE_PREFIX (/tmp/xccl-scale-mpi)  XCCL_SCALE_JOBS (nproc)
 #   XCCL_SCALE_SKIP_BUILD=1 (use the extension already built)  PYTHON (python3)
 set -u -o pipefail
@@ -52,7 +53,12 @@ WORK=$(mktemp -d /tmp/xccl-scale-XXXXXX)
 RESULTS=$WORK/results
 LOG=$DEST/device_scale.log
 mkdir -p "$DEST" "$RESULTS" || exit 1
-exec > >(tee "$LOG") 2>&1
+# tee ignores SIGTERM/SIGINT (a `timeout` signals the whole process group): it must outlive
+# this shell's handling of them, or the shell dies of SIGPIPE before packing the results.
+exec > >(
+    trap '' TERM INT
+    exec tee "$LOG"
+) 2>&1
 TEE_PID=$!
 
 step() { printf '\n== [%3d s] %s\n' "$SECONDS" "$*"; }
@@ -74,9 +80,19 @@ finish() {
     wait "$TEE_PID" 2>/dev/null # the log is complete when the script ends
     exit "$rc"
 }
+# On SIGTERM/SIGINT, compare.py (in the background, so that this shell can act at once) is
+# told too: it ends the run in progress and writes its report before finish() packs it.
+CHILD=
+on_signal() {
+    if [ -n "$CHILD" ]; then
+        kill -TERM "$CHILD" 2>/dev/null
+        wait "$CHILD"
+    fi
+    exit "$1"
+}
 trap finish EXIT
-trap 'exit 143' TERM
-trap 'exit 130' INT
+trap 'on_signal 143' TERM
+trap 'on_signal 130' INT
 
 step "machine"
 echo "date: $(date -u '+%Y-%m-%d %H:%M:%S UTC'); budget ${BUDGET} s"
@@ -133,10 +149,15 @@ step "compare.py --np $NPS --systems $SYSTEMS"
 # What is left of the budget, less what writing the report, the plots and the archive takes.
 LEFT=$((BUDGET - SECONDS - 25))
 [ "$LEFT" -ge 30 ] || fail "only $LEFT s left of the ${BUDGET} s budget for the benchmarks"
-echo "deadline for the runs: $LEFT s"
+# One run that hangs must not take the others' time: each gets at most RUN_LIMIT seconds.
+RUN_LIMIT=${XCCL_SCALE_RUN_LIMIT:-120}
+echo "deadline for the runs: $LEFT s, at most $RUN_LIMIT s each"
 timeout -k 10 $((LEFT + 20)) "$PYTHON" benchmarks/compare.py --no-install --np "$NPS" \
     --systems "$SYSTEMS" --ops "$OPS" --sizes "$SIZES" -n "$ITERS" --mintime "$MINTIME" \
-    --deadline "$LEFT" --timeout "$LEFT" --out "$RESULTS"
+    --deadline "$LEFT" --timeout "$RUN_LIMIT" --out "$RESULTS" &
+CHILD=$!
+wait "$CHILD"
 rc=$?
+CHILD=
 [ "$rc" = 0 ] || echo "device_scale: compare.py exited with $rc"
 exit "$rc"

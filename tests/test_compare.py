@@ -110,7 +110,7 @@ def test_plan_marks_runs_and_mpi_runs_unbound(tmp_path: Path) -> None:
     ]
     mpi = runs[3].cmd
     assert mpi[:3] == ["mpirun", "-np", "8"]
-    assert "--oversubscribe" in mpi
+    assert "--oversubscribe" in mpi and "--use-hwthread-cpus" in mpi
     assert mpi[mpi.index("--bind-to") + 1] == "none"
     assert mpi[mpi.index("btl") + 1] == "self,sm"  # Open MPI 5 renamed vader
 
