@@ -603,6 +603,15 @@ def bound_size(sizes: Sequence[int]) -> int:
     return BIG if BIG in sizes else max(sizes)
 
 
+def row_near(rows: dict[int, dict[str, Any]], size: int) -> Optional[dict[str, Any]]:
+    """The row of `size`, or of the size nearest to it within 1 % (with np not a power of two,
+    all_gather's and all_to_all's sizes are rounded down to whole shares)."""
+    if size in rows:
+        return rows[size]
+    near = min(rows, key=lambda s: abs(s - size), default=None)
+    return rows[near] if near is not None and abs(near - size) <= size // 100 else None
+
+
 def bound_table(
     table: Table, systems: Sequence[str], nps: Sequence[int], bounds: Bounds, cpus: int
 ) -> list[str]:
@@ -635,7 +644,7 @@ def bound_table(
         cells += [f"{shared['per_stream_gbps']:.2f}" if shared else "-"]
         for op in BOUND_OPS:
             for system in systems:
-                row = table.get((system, n, op), {}).get(size)
+                row = row_near(table.get((system, n, op), {}), size)
                 if row is None:
                     cells.append("-")
                 else:
@@ -932,7 +941,7 @@ def print_bounds(
         parts = []
         for op in BOUND_OPS:
             for system in systems:
-                row = table.get((system, n, op), {}).get(size)
+                row = row_near(table.get((system, n, op), {}), size)
                 if row is not None and b["per_stream_gbps"] > 0:
                     ratio = row["busbw"] / b["per_stream_gbps"]
                     parts.append(f"{op} {system} {row['busbw']:.2f} ({ratio:.0%})")

@@ -171,6 +171,13 @@ def test_tables_mark_oversubscribed_rows_only(tmp_path: Path) -> None:
     assert "| xccl-shm np=2 | ok |" in text
 
 
+def test_row_near_takes_rounded_sizes_only() -> None:
+    rows = {8: {"size": 8}, (64 << 20) - 12: {"size": (64 << 20) - 12}}
+    assert compare.row_near(rows, 64 << 20) == {"size": (64 << 20) - 12}  # np=3: whole shares
+    assert compare.row_near(rows, 16 << 20) is None
+    assert compare.row_near({}, 8) is None
+
+
 def test_printed_ratios_mark_oversubscribed(capsys: pytest.CaptureFixture[str]) -> None:
     runs = [
         _run("xccl-shm", 2, [_row("all_reduce", 2, 8, 1.0, 0.0)], 2),
