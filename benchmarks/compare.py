@@ -56,7 +56,7 @@ copy per second while all do, which bounds the busbw of a broadcast or all_gathe
 each byte once (see membw.c). The report puts broadcast and all_gather busbw beside it, with
 the ratio. ``--deadline SEC`` stops starting runs that could not end in time and cuts the
 last one short (its rows so far are read back from its log), so a fixed time limit still
-ends with a report.
+ends with a report. ``--baseline DIR`` compares every row with an earlier run's raw JSON.
 """
 
 from __future__ import annotations
@@ -904,6 +904,82 @@ def measure_bounds(
     return bounds
 
 
+def load_baseline(out_dir: str) -> Table:
+    """The rows of an earlier run from its `raw/*.json` (`out_dir` or `out_dir/raw`), as
+    index() keeps them: of repeated runs, each row's fastest. The system is the file name's
+    part before `_np` (`xccl-shm_np2_r1.json`)."""
+    raw = os.path.join(out_dir, "raw") if os.path.isdir(os.path.join(out_dir, "raw")) else out_dir
+    runs: list[Run] = []
+    for name in sorted(os.listdir(raw)):
+        m = re.fullmatch(r"(.+)_np(\d+)(?:_r\d+)?\.json", name)
+        if m is None or m.group(1) not in SYSTEMS:
+            continue
+        with open(os.path.join(raw, name), encoding="utf-8") as f:
+            data = json.load(f)
+        run = Run(m.group(1), int(m.group(2)), 0, [], {}, "", "")
+        run.rows = data.get("rows") or []
+        runs.append(run)
+    if not runs:
+        raise ValueError(f"no raw results (<system>_np<N>.json) in {raw}")
+    return index(runs)
+
+
+def baseline_rows(
+    now: Table, base: Table, systems: Sequence[str], nps: Sequence[int], ops: Sequence[str]
+) -> list[tuple[str, str, int, int, float, float]]:
+    """(system, op, np, size, baseline time, time now) for every row measured in both."""
+    out = []
+    for system in systems:
+        for n in nps:
+            for op in ops:
+                a, b = base.get((system, n, op), {}), now.get((system, n, op), {})
+                for size in sorted(set(a) & set(b)):
+                    out.append((system, op, n, size, a[size]["time_us"], b[size]["time_us"]))
+    return out
+
+
+def baseline_table(
+    rows: Sequence[tuple[str, str, int, int, float, float]], tolerance: float, cpus: int
+) -> list[str]:
+    """Markdown: every row against the baseline, slower than it by more than `tolerance`
+    marked SLOWER, and a count per system."""
+    lines = [
+        "## Against the baseline",
+        "",
+        f"time now / time in the baseline run, per row measured in both (> 1: slower now); "
+        f"**SLOWER**: by more than {tolerance:.0%}. Single runs on a shared machine vary; "
+        "the baseline keeps each row's fastest of its repetitions.",
+        "",
+    ]
+    table = []
+    for system, op, n, size, t0, t1 in rows:
+        ratio = t1 / t0 if t0 > 0 else math.inf
+        mark = "**SLOWER**" if ratio > 1 + tolerance else ""
+        table.append(
+            [
+                system,
+                op,
+                np_label(n, cpus),
+                human(size),
+                _fmt_us(t0),
+                _fmt_us(t1),
+                f"{ratio:.2f}",
+                mark,
+            ]
+        )
+    lines += _md_table(
+        ["system", "op", "np", "size", "baseline (µs)", "now (µs)", "now/base", ""], table
+    )
+    counts = []
+    for system in dict.fromkeys(r[0] for r in rows):
+        mine = [r for r in rows if r[0] == system]
+        slower = sum(1 for r in mine if r[5] > r[4] * (1 + tolerance))
+        geo = _geomean([r[5] / r[4] for r in mine if r[4] > 0])
+        counts.append([system, str(len(mine)), str(slower), _fmt_ratio(geo)])
+    lines += _md_table(["system", "rows", "slower", "geomean now/base"], counts)
+    return lines
+
+
 def print_ratios(
     runs: Sequence[Run], nps: Sequence[int], ops: Sequence[str], cpus: Optional[int] = None
 ) -> None:
@@ -1057,6 +1133,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         help="measure the memory-system bound at every np (benchmarks/membw.c; default on)",
     )
     p.add_argument(
+        "--baseline",
+        metavar="DIR",
+        help="an earlier run's output directory (its raw/*.json): every row's time against it",
+    )
+    p.add_argument(
+        "--tolerance",
+        type=float,
+        default=0.10,
+        help="with --baseline, rows slower by more than this fraction are marked (default 0.10)",
+    )
+    p.add_argument(
         "--deadline",
         type=float,
         help="seconds from the start by which the runs must end: later runs are skipped, the "
@@ -1086,6 +1173,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         p.error("--repeat must be at least 1")
     if args.timeout <= 0 or (args.deadline is not None and args.deadline <= 0):
         p.error("--timeout and --deadline must be positive")
+    base: Optional[Table] = None
+    if args.baseline:
+        try:
+            base = load_baseline(args.baseline)
+        except (OSError, ValueError) as e:
+            p.error(f"--baseline: {e}")
     t_begin = time.monotonic()
     cpus = cpus_available()
     over = [n for n in nps if is_oversubscribed(n, cpus)]
@@ -1176,6 +1269,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     }
     md = os.path.join(args.out, "compare.md")
     write_markdown(md, runs, systems, nps, ops, info, memcpy, settings, bounds, cpus)
+    if base is not None:
+        against = baseline_rows(index(runs), base, systems, nps, ops)
+        with open(md, "a", encoding="utf-8") as f:
+            f.write("\n" + "\n".join(baseline_table(against, args.tolerance, cpus)))
+        slower = [r for r in against if r[5] > r[4] * (1 + args.tolerance)]
+        print(
+            f"# against {args.baseline}: {len(slower)} of {len(against)} rows slower by more "
+            f"than {args.tolerance:.0%}"
+        )
+        for system, op, n, size, t0, t1 in slower:
+            print(
+                f"#   {system} {op} np={n} {human(size)}: {_fmt_us(t0)} -> {_fmt_us(t1)} us "
+                f"({t1 / t0:.2f}x)"
+            )
     if have_plots:
         plot(args.out, runs, systems, nps, ops, memcpy, bounds, cpus)
     else:

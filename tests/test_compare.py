@@ -363,3 +363,45 @@ def test_sigterm_stops_the_run_and_keeps_its_rows(tmp_path: Path) -> None:
     while not _gone(child) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _gone(child)
+
+
+def test_baseline_marks_slower_rows(tmp_path: Path) -> None:
+    import json
+
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    rows = {
+        "xccl-shm_np2_r1.json": [
+            _row("all_reduce", 2, 8, 2.0, 0),
+            _row("all_reduce", 2, 64, 5.0, 0),
+        ],
+        "xccl-shm_np2_r2.json": [_row("all_reduce", 2, 8, 1.0, 0)],  # the fastest counts
+        "gloo_np4.json": [_row("broadcast", 4, 8, 100.0, 0)],
+        "notes.json": [_row("broadcast", 4, 8, 1.0, 0)],  # not a run: ignored
+    }
+    for name, rs in rows.items():
+        (raw / name).write_text(json.dumps({"meta": {}, "rows": rs}))
+    base = compare.load_baseline(str(tmp_path))
+    assert base[("xccl-shm", 2, "all_reduce")][8]["time_us"] == 1.0
+    assert set(base) == {("xccl-shm", 2, "all_reduce"), ("gloo", 4, "broadcast")}
+
+    xccl = [_row("all_reduce", 2, 8, 1.05, 0), _row("all_reduce", 2, 64, 6.0, 0)]
+    gloo = [_row("broadcast", 4, 8, 50.0, 0), _row("broadcast", 4, 4096, 9.0, 0)]
+    now = compare.index([_run("xccl-shm", 2, xccl, 2), _run("gloo", 4, gloo, 2)])
+    got = compare.baseline_rows(
+        now, base, ["xccl-shm", "gloo"], [2, 4], ["all_reduce", "broadcast"]
+    )
+    assert got == [
+        ("xccl-shm", "all_reduce", 2, 8, 1.0, 1.05),
+        ("xccl-shm", "all_reduce", 2, 64, 5.0, 6.0),
+        ("gloo", "broadcast", 4, 8, 100.0, 50.0),
+    ]
+    lines = compare.baseline_table(got, 0.10, cpus=2)
+    marked = [ln for ln in lines if "**SLOWER**" in ln and ln.startswith("| ")]
+    assert len(marked) == 1 and "| 64 B |" in marked[0] and "| 1.20 |" in marked[0]
+    assert any(ln.startswith("| gloo | 1 | 0 | 0.50 |") for ln in lines)
+    assert any(ln.startswith("| gloo | broadcast | 4 (oversubscribed) |") for ln in lines)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ValueError, match="no raw results"):
+        compare.load_baseline(str(empty))
