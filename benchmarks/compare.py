@@ -767,6 +767,8 @@ def write_markdown(
     )
     lines += summary(table, systems, nps, ops, cpus)
     lines += bound_table(table, systems, nps, bounds or {}, cpus)
+    if "xccl-shm" in systems:
+        lines += targets(table, nps, ops, bounds or {}, cpus)
     for op in ops:
         for n in nps:
             sizes = _sizes(table, systems, n, op)
@@ -902,6 +904,56 @@ def measure_bounds(
         json.dump({str(n): b for n, b in bounds.items()}, f, indent=1)
         f.write("\n")
     return bounds
+
+
+BOUND_TARGET = 0.70  # issue 19: broadcast and all_gather of 64 MiB within 70 % of the bound
+LATENCY_TARGET_US = 3.0  # issue 19: 8-byte all_reduce at np=16
+
+
+def targets(
+    table: Table, nps: Sequence[int], ops: Sequence[str], bounds: Bounds, cpus: int
+) -> list[str]:
+    """Markdown: issue 19's targets as this run measured them. Per np: the rows where
+    xccl-shm is slower than mpi-shm (time >), the 8-byte all_reduce time, and xccl-shm's
+    broadcast and all_gather busbw against the memory bound."""
+    lines = [
+        "## Targets (issue 19)",
+        "",
+        "xccl-shm against mpi-shm at every op and size (time ≤ Open MPI's), 8-byte all_reduce "
+        f"≤ {LATENCY_TARGET_US:g} µs (at np=16), broadcast and all_gather busbw at the bound's "
+        f"size ≥ {BOUND_TARGET:.0%} of the bound.",
+        "",
+    ]
+    rows = []
+    for n in nps:
+        slower: list[tuple[float, str]] = []
+        compared = 0
+        for op in ops:
+            mine, theirs = table.get(("xccl-shm", n, op), {}), table.get(("mpi-shm", n, op), {})
+            for size in sorted(set(mine) & set(theirs)):
+                compared += 1
+                t0, t1 = mine[size]["time_us"], theirs[size]["time_us"]
+                if t0 > t1:
+                    slower.append((t0 / t1, f"{op} {human(size)} {t0 / t1:.2f}x"))
+        slower.sort(reverse=True)
+        worst = ", ".join(text for _, text in slower[:4]) + (", ..." if len(slower) > 4 else "")
+        ar = table.get(("xccl-shm", n, "all_reduce"), {}).get(8)
+        cells = [np_label(n, cpus), f"{len(slower)} of {compared}" if compared else "-"]
+        cells += [worst or "-"]
+        cells += [f"{ar['time_us']:.2f}" if ar else "-"]
+        b = bounds.get(n)
+        for op in BOUND_OPS:
+            row = row_near(table.get(("xccl-shm", n, op), {}), int(b["size"])) if b else None
+            if row is None or not b or b["per_stream_gbps"] <= 0:
+                cells.append("-")
+                continue
+            ratio = row["busbw"] / b["per_stream_gbps"]
+            cells.append(f"{ratio:.0%}" + ("" if ratio >= BOUND_TARGET else " (missed)"))
+        rows.append(cells)
+    head = ["np", "xccl-shm slower than mpi-shm", "worst (t xccl / t mpi)"]
+    head += ["all_reduce 8 B (µs)", "broadcast / bound", "all_gather / bound"]
+    lines += _md_table(head, rows)
+    return lines
 
 
 def load_baseline(out_dir: str) -> Table:

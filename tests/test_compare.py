@@ -171,6 +171,20 @@ def test_tables_mark_oversubscribed_rows_only(tmp_path: Path) -> None:
     assert "| xccl-shm np=2 | ok |" in text
 
 
+def test_targets_count_rows_slower_than_mpi() -> None:
+    big = compare.BIG
+    mine = [_row("all_reduce", 16, 8, 2.5, 0), _row("all_reduce", 16, 64, 9.0, 0)]
+    mine += [_row("broadcast", 16, big, 1e4, 7.5), _row("all_gather", 16, big, 1e4, 6.0)]
+    theirs = [_row("all_reduce", 16, 8, 3.0, 0), _row("all_reduce", 16, 64, 4.5, 0)]
+    theirs += [_row("broadcast", 16, big, 2e4, 1.0)]
+    table = compare.index([_run("xccl-shm", 16, mine, 16), _run("mpi-shm", 16, theirs, 16)])
+    bounds = {16: {"size": big, "aggregate_gbps": 160.0, "per_stream_gbps": 10.0}}
+    lines = compare.targets(table, [16], ["all_reduce", "broadcast", "all_gather"], bounds, 16)
+    row = next(ln for ln in lines if ln.startswith("| 16 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells == ["16", "1 of 3", "all_reduce 64 B 2.00x", "2.50", "75%", "60% (missed)"]
+
+
 def test_row_near_takes_rounded_sizes_only() -> None:
     rows = {8: {"size": 8}, (64 << 20) - 12: {"size": (64 << 20) - 12}}
     assert compare.row_near(rows, 64 << 20) == {"size": (64 << 20) - 12}  # np=3: whole shares
