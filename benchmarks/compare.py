@@ -38,6 +38,25 @@ single-core memcpy bandwidth, summary, one table per operation and rank count),
 run's table and JSON). The ratios, printed at the end and in the report, are xccl's speed-up
 over the other system: ``xccl-shm/gloo = t(gloo) / t(xccl-shm)`` (= the busbw ratio;
 > 1: xccl is faster).
+
+Any rank count runs (``--np 8,16,32,64``). A run with more ranks than the CPUs this process
+may use (``os.sched_getaffinity``) is *oversubscribed*: its ranks time-share cores, so its
+times measure the scheduler as much as the library. Such runs are marked in every output:
+the report's headings and np columns, the plots' titles, the printed ratios, the raw log's
+first line and the raw JSON's ``meta["compare"]``. Open MPI runs with ``--bind-to none``
+(``--mpi-bind`` changes it): xccl's and gloo's ranks are not pinned either, so all systems
+are placed alike by the OS, and binding to cores is refused when ranks outnumber them. It
+also gets ``--use-hwthread-cpus`` (its slots are the CPUs the mark counts, so it runs in its
+oversubscribed mode, yielding when idle, exactly in the marked runs) and ``--oversubscribe``.
+
+The memory-system bound (``--bound``, on by default; ``benchmarks/membw.c``, compiled with
+``cc``): for each rank count N, N processes each copy their own buffer of the bandwidth
+table's size (64 MiB) at once; the aggregate copy bandwidth divided by N is what one rank can
+copy per second while all do, which bounds the busbw of a broadcast or all_gather that copies
+each byte once (see membw.c). The report puts broadcast and all_gather busbw beside it, with
+the ratio. ``--deadline SEC`` stops starting runs that could not end in time and cuts the
+last one short (its rows so far are read back from its log), so a fixed time limit still
+ends with a report. ``--baseline DIR`` compares every row with an earlier run's raw JSON.
 """
 
 from __future__ import annotations
@@ -51,8 +70,10 @@ import os
 import platform
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from typing import Any, Optional
@@ -99,6 +120,8 @@ class Run:
     json_path: str
     log_path: str
     status: str = "not run"  # "ok", or why there are no (good) results
+    oversubscribed: bool = False  # more ranks than the CPUs this process may use
+    cpus: int = 0  # the CPUs this process may use when it planned the run
     seconds: float = 0.0
     meta: dict[str, Any] = dataclasses.field(default_factory=dict)
     rows: list[dict[str, Any]] = dataclasses.field(default_factory=list)
@@ -155,6 +178,74 @@ def ensure_matplotlib(install: bool) -> bool:
         subprocess.run([sys.executable, "-m", "pip", "install", "matplotlib"])
         importlib.invalidate_caches()
     return _have_module("matplotlib")
+
+
+def cpus_available() -> int:
+    """The CPUs this process may run on (its affinity mask, which a container's or a batch
+    system's CPU set narrows), or os.cpu_count() where the mask cannot be read."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def is_oversubscribed(nranks: int, cpus: int) -> bool:
+    """True when `nranks` ranks on one host outnumber the `cpus` they may run on."""
+    return nranks > cpus
+
+
+def np_label(nranks: int, cpus: int) -> str:
+    """The rank count as the tables show it: "8", or "8 (oversubscribed)"."""
+    return f"{nranks} (oversubscribed)" if is_oversubscribed(nranks, cpus) else str(nranks)
+
+
+def oversub_note(cpus: int) -> str:
+    """The sentence that explains the mark."""
+    return (
+        f"'oversubscribed': more ranks than the {cpus} CPUs this process may use "
+        "(os.sched_getaffinity); the ranks time-share cores, so times include waiting for a "
+        "CPU and say as much about the scheduler as about the library."
+    )
+
+
+def build_membw(out_dir: str) -> tuple[Optional[str], str]:
+    """Compiles benchmarks/membw.c with $CC (default cc) into `out_dir`. Returns (the
+    program's path, or None; the compiler's complaint)."""
+    cc = os.environ.get("CC", "cc")
+    exe = os.path.join(out_dir, "membw")
+    cmd = [cc, "-O2", "-std=c11", "-o", exe, os.path.join(HERE, "membw.c"), "-lpthread"]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return None, str(e)
+    if out.returncode != 0:
+        return None, (out.stderr or out.stdout).strip()[-300:]
+    return exe, ""
+
+
+def memory_bound(
+    exe: str,
+    nstreams: int,
+    nbytes: int,
+    shared_src: bool = False,
+    thp: bool = False,
+    mintime: float = 0.2,
+    rounds: int = 3,
+    timeout: float = 300.0,
+) -> dict[str, Any]:
+    """Runs membw: `nstreams` processes copying `nbytes` each at once. Returns its JSON
+    (aggregate_gbps, per_stream_gbps, min/max_stream_gbps, copies, seconds, ...)."""
+    if nstreams < 1 or nbytes < 1:
+        raise ValueError(f"membw needs at least one stream and one byte, not {nstreams}, {nbytes}")
+    cmd = [exe, "-p", str(nstreams), "-s", str(nbytes), "--mintime", str(mintime)]
+    cmd += ["--rounds", str(rounds), "--json"]
+    cmd += ["--shared-src"] if shared_src else []
+    cmd += ["--thp"] if thp else []
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if out.returncode != 0:
+        raise RuntimeError(f"membw failed (exit {out.returncode}): {out.stderr.strip()[-300:]}")
+    result: dict[str, Any] = json.loads(out.stdout)
+    return result
 
 
 def memcpy_bandwidth(nbytes: int = 64 << 20, reps: int = 20) -> float:
@@ -222,8 +313,12 @@ def plan_runs(
     mpi_version: str,
     repeat: int = 1,
     thp: bool = False,
+    cpus: Optional[int] = None,
+    mpi_bind: str = "none",
 ) -> list[Run]:
-    """The command of every (repetition, rank count, system), in the order they run."""
+    """The command of every (repetition, rank count, system), in the order they run. Runs
+    with more ranks than `cpus` (default: this process's CPUs) are marked oversubscribed."""
+    cpus = cpus_available() if cpus is None else cpus
     env = {"OMP_NUM_THREADS": "1"}
     if thp:  # torch's CPU allocator madvises allocations of 2 MiB and more as huge pages
         env["THP_MEM_ALLOC_ENABLE"] = "1"
@@ -242,7 +337,11 @@ def plan_runs(
             cmd = [*XCCL_BENCH, "--np", str(n), "--backend", "xccl"]
             cmd += ["--transport", system.split("-")[1]]
         else:
-            cmd = ["mpirun", "-np", str(n), "--oversubscribe"]
+            # Slots are hardware threads (as the mark counts CPUs), so that Open MPI thinks
+            # itself oversubscribed (and yields when idle) exactly when the mark says so;
+            # --oversubscribe lets it start more ranks than slots at all.
+            cmd = ["mpirun", "-np", str(n), "--use-hwthread-cpus", "--oversubscribe"]
+            cmd += ["--bind-to", mpi_bind]
             cmd += ["--allow-run-as-root"] if _is_root() else []
             cmd += ["--mca", "pml", "ob1"]
             if system == "mpi-shm":
@@ -254,34 +353,107 @@ def plan_runs(
             cmd += [sys.executable, os.path.join(HERE, "mpi_bench.py")]
         cmd += ["--tensor", "torch"]  # every system: memory from torch's allocator
         cmd += [*bench_args, "--json", stem + ".json", "--no-progress"]
-        runs.append(Run(system, n, rep, cmd, dict(env), stem + ".json", stem + ".txt"))
+        run = Run(system, n, rep, cmd, dict(env), stem + ".json", stem + ".txt")
+        run.cpus, run.oversubscribed = cpus, is_oversubscribed(n, cpus)
+        runs.append(run)
     return runs
 
 
+def _mark(run: Run) -> dict[str, Any]:
+    """What compare.py adds to a run's raw JSON (meta["compare"])."""
+    return {
+        "system": run.system,
+        "nranks": run.nranks,
+        "cpus": run.cpus,
+        "oversubscribed": run.oversubscribed,
+    }
+
+
+class Stopped(Exception):
+    """SIGTERM or SIGINT arrived: the run in progress was ended; write the report now."""
+
+
+# The signal that asked compare.py to stop (set by _on_signal), and whether one may interrupt
+# a run's wait right away (elsewhere the loop looks at _STOP before each run).
+_STOP: list[str] = []
+_WAITING = [False]
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    _STOP.append(signal.Signals(signum).name)
+    if _WAITING[0]:
+        raise Stopped(_STOP[0])
+
+
+def _stop_group(proc: subprocess.Popen[bytes]) -> None:
+    """Ends the process group that `proc` leads (the benchmark and the ranks it spawned):
+    SIGTERM, then SIGKILL after 5 s."""
+    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
 def execute(run: Run, timeout: float) -> None:
-    """Runs one benchmark process, keeping its table in run.log_path and its JSON rows."""
+    """Runs one benchmark process, keeping its table in run.log_path and its JSON rows
+    (marked with compare.py's view of the run). A run past `timeout` is stopped with every
+    process it started, and keeps the rows its log had printed by then."""
     if os.path.exists(run.json_path):
         os.remove(run.json_path)
     env = dict(os.environ)
     env.update(run.env)
     t0 = time.monotonic()
     with open(run.log_path, "w", encoding="utf-8") as log:
+        mark = "oversubscribed" if run.oversubscribed else "not oversubscribed"
+        log.write(f"# compare: {run.system}, {run.nranks} ranks on {run.cpus} CPUs: {mark}\n")
         log.write("$ " + " ".join(run.cmd) + "\n")
         log.flush()
+        # Its own process group, so that a timeout ends the ranks it spawned as well.
+        proc = subprocess.Popen(
+            run.cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True
+        )
+        stopped: Optional[BaseException] = None
+        rc: Optional[int] = None
         try:
-            proc = subprocess.run(
-                run.cmd, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout, cwd=ROOT
-            )
-            rc: Optional[int] = proc.returncode
+            _WAITING[0] = True
+            if not _STOP:
+                rc = proc.wait(timeout=max(timeout, 0.1))
         except subprocess.TimeoutExpired:
-            rc = None
+            pass
+        except (Stopped, KeyboardInterrupt) as e:
+            stopped = e
+        finally:
+            _WAITING[0] = False
+            if proc.poll() is None or rc is None:
+                _stop_group(proc)
+        if _STOP and stopped is None and rc is None:
+            stopped = Stopped(_STOP[0])
     run.seconds = time.monotonic() - t0
+    data: Optional[dict[str, Any]] = None
     if os.path.exists(run.json_path):
         with open(run.json_path, encoding="utf-8") as f:
             data = json.load(f)
+    else:
+        rows = rows_from_log(run.log_path, run.nranks)
+        if rows:  # cut short: what its table shows
+            data = {"meta": {"from_log": True, "nranks": run.nranks}, "rows": rows}
+    if data is not None:
+        data["meta"]["compare"] = _mark(run)
         run.meta, run.rows = data["meta"], data["rows"]
+        with open(run.json_path, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=1)
+            f.write("\n")
+    if stopped is not None:
+        run.status = f"stopped after {run.seconds:.0f} s ({len(run.rows)} rows kept from its log)"
+        raise stopped
     if rc is None:
-        run.status = f"timed out after {timeout:.0f} s"
+        run.status = f"timed out after {timeout:.0f} s ({len(run.rows)} rows kept from its log)"
     elif any((row.get("wrong") or 0) > 0 for row in run.rows):
         run.status = "WRONG RESULTS (see the raw log)"
     elif rc != 0:
@@ -290,9 +462,51 @@ def execute(run: Run, timeout: float) -> None:
         run.status = "ok"
 
 
+def rows_from_log(path: str, nranks: int) -> list[dict[str, Any]]:
+    """The rows of a benchmark's printed tables (xccl-bench's and mpi_bench.py's format: a
+    "# <op>" line, then per size: size, count, type, redop, root and an out-of-place and an
+    in-place block of time, algbw, busbw, #wrong, N/A where not run). For runs that did not
+    live to write their JSON."""
+    rows: list[dict[str, Any]] = []
+    op: Optional[str] = None
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return rows
+    for line in lines:
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == "#" and parts[1] in OPS:
+            op = parts[1]
+            continue
+        if op is None or len(parts) != 13 or not parts[0].isdigit():
+            continue
+        for where, block in (("out", parts[5:9]), ("in", parts[9:13])):
+            if block[0] == "N/A":
+                continue
+            try:
+                time_us, algbw, busbw = float(block[0]), float(block[1]), float(block[2])
+            except ValueError:
+                continue
+            rows.append(
+                {
+                    "op": op,
+                    "nranks": nranks,
+                    "size": int(parts[0]),
+                    "count": int(parts[1]),
+                    "placement": where,
+                    "time_us": time_us,
+                    "algbw": algbw,
+                    "busbw": busbw,
+                    "wrong": None if block[3] == "N/A" else int(block[3]),
+                }
+            )
+    return rows
+
+
 def _last_error(path: str) -> str:
     with open(path, encoding="utf-8", errors="replace") as f:
-        lines = [ln.strip() for ln in f if ln.strip() and not ln.startswith("$ ")]
+        lines = [ln.strip() for ln in f if ln.strip() and not ln.startswith(("$ ", "# compare:"))]
     for line in reversed(lines):
         if "Error" in line or "error" in line:
             return line[:200]
@@ -378,18 +592,92 @@ def _md_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     return [*lines, ""]
 
 
+Bounds = dict[int, dict[str, Any]]  # rank count -> membw's result ("shared": shared source)
+
+BOUND_OPS = ("broadcast", "all_gather")  # the collectives the bound applies to
+
+
+def bound_size(sizes: Sequence[int]) -> int:
+    """The size the bound is measured at: the bandwidth table's (64 MiB) if measured, else
+    the largest size."""
+    return BIG if BIG in sizes else max(sizes)
+
+
+def row_near(rows: dict[int, dict[str, Any]], size: int) -> Optional[dict[str, Any]]:
+    """The row of `size`, or of the size nearest to it within 1 % (with np not a power of two,
+    all_gather's and all_to_all's sizes are rounded down to whole shares)."""
+    if size in rows:
+        return rows[size]
+    near = min(rows, key=lambda s: abs(s - size), default=None)
+    return rows[near] if near is not None and abs(near - size) <= size // 100 else None
+
+
+def bound_table(
+    table: Table, systems: Sequence[str], nps: Sequence[int], bounds: Bounds, cpus: int
+) -> list[str]:
+    """Markdown: the memory-system bound at each rank count, and broadcast's and all_gather's
+    busbw at its size beside it with the ratio busbw / bound."""
+    if not bounds:
+        return []
+    lines = [
+        "## Memory-system bound",
+        "",
+        "`benchmarks/membw.c`: N processes (N = np) each memcpy their own buffer of the size "
+        "below at the same time; *aggregate* is the bytes copied per second by all of them "
+        "(each byte read once and written once), *bound* = aggregate / N, what one rank can "
+        "copy per second while every rank copies. A broadcast or all_gather that copies each "
+        "byte once, all ranks copying their shares in parallel, has a busbw of at most about "
+        "the bound (nccl-tests' factors turn both into bytes copied per rank). *shared src*: "
+        "the same with one source buffer that all read (a broadcast's pattern; it can stay in "
+        "a large cache). Ratio: busbw / bound.",
+        "",
+    ]
+    rows = []
+    for n in nps:
+        b = bounds.get(n)
+        if not b:
+            continue
+        shared = b.get("shared") or {}
+        size = int(b["size"])
+        cells = [np_label(n, cpus), human(size), f"{b['aggregate_gbps']:.2f}"]
+        cells += [f"**{b['per_stream_gbps']:.2f}**"]
+        cells += [f"{shared['per_stream_gbps']:.2f}" if shared else "-"]
+        for op in BOUND_OPS:
+            for system in systems:
+                row = row_near(table.get((system, n, op), {}), size)
+                if row is None:
+                    cells.append("-")
+                else:
+                    ratio = row["busbw"] / b["per_stream_gbps"] if b["per_stream_gbps"] else 0
+                    cells.append(f"{row['busbw']:.2f} ({ratio:.0%})")
+        rows.append(cells)
+    head = ["np", "size", "aggregate (GB/s)", "bound (GB/s)", "shared src bound"]
+    head += [f"{op} {system}" for op in BOUND_OPS for system in systems]
+    lines += _md_table(head, rows)
+    return lines
+
+
 def summary(
-    table: Table, systems: Sequence[str], nps: Sequence[int], ops: Sequence[str]
+    table: Table,
+    systems: Sequence[str],
+    nps: Sequence[int],
+    ops: Sequence[str],
+    cpus: Optional[int] = None,
 ) -> list[str]:
     """Markdown: latency at the smallest size, busbw at 64 MiB (or the largest size), and the
-    geometric mean of xccl's speed-up over all sizes."""
+    geometric mean of xccl's speed-up over all sizes. Rank counts above `cpus` (default:
+    this process's CPUs) are marked oversubscribed."""
+    cpus = cpus_available() if cpus is None else cpus
     groups = [(op, n, _sizes(table, systems, n, op)) for op in ops for n in nps]
     groups = [(op, n, sizes) for op, n, sizes in groups if sizes]
-    lines = ["## Summary", "", "Latency: time (µs) at the smallest size.", ""]
+    lines = ["## Summary", ""]
+    if any(is_oversubscribed(n, cpus) for _, n, _ in groups):
+        lines += [f"np marked {oversub_note(cpus)}", ""]
+    lines += ["Latency: time (µs) at the smallest size.", ""]
     lines += _md_table(
         ["op", "np", "size", *systems],
         [
-            [op, str(n), human(sizes[0])]
+            [op, np_label(n, cpus), human(sizes[0])]
             + [_cell(table, s, n, op, sizes[0], "time") for s in systems]
             for op, n, sizes in groups
         ],
@@ -399,7 +687,8 @@ def summary(
     for op, n, sizes in groups:
         size = BIG if BIG in sizes else sizes[-1]
         rows.append(
-            [op, str(n), human(size)] + [_cell(table, s, n, op, size, "busbw") for s in systems]
+            [op, np_label(n, cpus), human(size)]
+            + [_cell(table, s, n, op, size, "busbw") for s in systems]
         )
     lines += _md_table(["op", "np", "size", *systems], rows)
     lines += [
@@ -408,7 +697,7 @@ def summary(
     ]
     rows = []
     for op, n, sizes in groups:
-        cells = [op, str(n)]
+        cells = [op, np_label(n, cpus)]
         for a, b in RATIOS:
             found = [speedup(table, a, b, n, op, s) for s in sizes]
             cells.append(_fmt_ratio(_geomean([r for r in found if r is not None])))
@@ -426,14 +715,19 @@ def write_markdown(
     info: dict[str, str],
     memcpy: float,
     settings: dict[str, Any],
+    bounds: Optional[Bounds] = None,
+    cpus: Optional[int] = None,
 ) -> None:
-    """compare.md: conditions, summary, then one table per operation and rank count."""
+    """compare.md: conditions, summary, the memory-system bound, then one table per operation
+    and rank count. Rank counts above `cpus` are marked oversubscribed everywhere."""
+    cpus = cpus_available() if cpus is None else cpus
     table = index(runs)
     lines = ["# xccl vs gloo vs MPI on one host", ""]
     lines.append(f"Command: `{settings['command']}`  ")
     lines.append(f"Date: {settings['date']}; total time {settings['elapsed']:.0f} s")
     lines.append("")
     facts = [[k, v] for k, v in info.items()]
+    facts.append(["CPUs this process may use (sched_getaffinity)", str(cpus)])
     facts.append(["load average (1, 5, 15 min) before", settings["load_before"]])
     facts.append(["load average (1, 5, 15 min) after", settings["load_after"]])
     thp = "requested (THP_MEM_ALLOC_ENABLE=1)" if settings["thp"] else "not requested"
@@ -461,7 +755,7 @@ def write_markdown(
         ["run", "status", "seconds", "transports", "version"],
         [
             [
-                f"{r.system} np={r.nranks}"
+                f"{r.system} np={np_label(r.nranks, cpus)}"
                 + (f" #{r.repeat + 1}" if settings["repeat"] > 1 else ""),
                 r.status,
                 f"{r.seconds:.0f}",
@@ -471,13 +765,19 @@ def write_markdown(
             for r in runs
         ],
     )
-    lines += summary(table, systems, nps, ops)
+    lines += summary(table, systems, nps, ops, cpus)
+    lines += bound_table(table, systems, nps, bounds or {}, cpus)
+    if "xccl-shm" in systems:
+        lines += targets(table, nps, ops, bounds or {}, cpus)
     for op in ops:
         for n in nps:
             sizes = _sizes(table, systems, n, op)
             if not sizes:
                 continue
-            lines += [f"## {op}, np={n}", ""]
+            if is_oversubscribed(n, cpus):
+                lines += [f"## {op}, np={n}: OVERSUBSCRIBED ({n} ranks on {cpus} CPUs)", ""]
+            else:
+                lines += [f"## {op}, np={n}", ""]
             lines += ["time in µs (busbw in GB/s); speed-ups are t(other) / t(xccl)", ""]
             head = ["size", *systems, *(f"{a}/{b}" for a, b in RATIOS)]
             rows = []
@@ -498,8 +798,14 @@ def plot(
     nps: Sequence[int],
     ops: Sequence[str],
     memcpy: float,
+    bounds: Optional[Bounds] = None,
+    cpus: Optional[int] = None,
 ) -> list[str]:
-    """One PNG per (op, np): busbw and time against size, one line per system."""
+    """One PNG per (op, np): busbw and time against size, one line per system, with the
+    single-core memcpy and the memory-system bound at that np; an oversubscribed np says so
+    in red in both titles."""
+    cpus = cpus_available() if cpus is None else cpus
+    bounds = bounds or {}
     import matplotlib
 
     matplotlib.use("Agg")
@@ -534,11 +840,23 @@ def plot(
                 linestyle=":",
                 label=f"memcpy, 1 core ({memcpy:.1f} GB/s)",
             )
+            bound = bounds.get(n)
+            if bound:
+                ax_bw.axhline(
+                    bound["per_stream_gbps"],
+                    color="black",
+                    linewidth=0.8,
+                    linestyle="-.",
+                    label=f"memory bound, {n} streams ({bound['per_stream_gbps']:.1f} GB/s)",
+                )
+            over = is_oversubscribed(n, cpus)
+            tag = f"\nOVERSUBSCRIBED: {n} ranks on {cpus} CPUs" if over else ""
+            title = {"color": "red"} if over else {}
             ax_bw.set_ylabel("busbw (GB/s)")
-            ax_bw.set_title(f"{op}, np={n}: bus bandwidth")
+            ax_bw.set_title(f"{op}, np={n}: bus bandwidth{tag}", fontsize=9, **title)
             ax_t.set_yscale("log")
             ax_t.set_ylabel("time per operation (µs)")
-            ax_t.set_title(f"{op}, np={n}: time")
+            ax_t.set_title(f"{op}, np={n}: time{tag}", fontsize=9, **title)
             for ax in (ax_bw, ax_t):
                 ax.set_xscale("log")
                 ax.set_xticks(sizes)
@@ -555,19 +873,210 @@ def plot(
     return written
 
 
-def print_ratios(runs: Sequence[Run], nps: Sequence[int], ops: Sequence[str]) -> None:
-    """xccl's speed-up over gloo and MPI per op, np and size, on stdout."""
+MIN_RUN_S = 20.0  # under --deadline, a run starts only with this much time left
+
+
+def measure_bounds(
+    nps: Sequence[int], nbytes: int, thp: bool, raw: str, mintime: float = 0.2
+) -> Bounds:
+    """The memory-system bound at each rank count (own sources, and one shared source), kept
+    in raw/membw.json. A failure is reported and leaves the bound out."""
+    bounds: Bounds = {}
+    with tempfile.TemporaryDirectory(prefix="xccl-membw-") as tmp:
+        exe, why = build_membw(tmp)
+        if exe is None:
+            _say(f"memory-system bound skipped: cannot compile benchmarks/membw.c: {why}")
+            return bounds
+        for n in nps:
+            try:
+                b = memory_bound(exe, n, nbytes, thp=thp, mintime=mintime)
+                b["shared"] = memory_bound(exe, n, nbytes, True, thp, mintime)
+            except (RuntimeError, ValueError, OSError, subprocess.TimeoutExpired) as e:
+                _say(f"memory-system bound at np={n} skipped: {e}")
+                continue
+            bounds[n] = b
+            _say(
+                f"memory-system bound, {n} streams of {human(nbytes)}: aggregate "
+                f"{b['aggregate_gbps']:.2f} GB/s, per stream {b['per_stream_gbps']:.2f} GB/s "
+                f"(shared source {b['shared']['per_stream_gbps']:.2f})"
+            )
+    with open(os.path.join(raw, "membw.json"), "w", encoding="utf-8") as f:
+        json.dump({str(n): b for n, b in bounds.items()}, f, indent=1)
+        f.write("\n")
+    return bounds
+
+
+BOUND_TARGET = 0.70  # issue 19: broadcast and all_gather of 64 MiB within 70 % of the bound
+LATENCY_TARGET_US = 3.0  # issue 19: 8-byte all_reduce at np=16
+
+
+def targets(
+    table: Table, nps: Sequence[int], ops: Sequence[str], bounds: Bounds, cpus: int
+) -> list[str]:
+    """Markdown: issue 19's targets as this run measured them. Per np: the rows where
+    xccl-shm is slower than mpi-shm (time >), the 8-byte all_reduce time, and xccl-shm's
+    broadcast and all_gather busbw against the memory bound."""
+    lines = [
+        "## Targets (issue 19)",
+        "",
+        "xccl-shm against mpi-shm at every op and size (time ≤ Open MPI's), 8-byte all_reduce "
+        f"≤ {LATENCY_TARGET_US:g} µs (at np=16), broadcast and all_gather busbw at the bound's "
+        f"size ≥ {BOUND_TARGET:.0%} of the bound.",
+        "",
+    ]
+    rows = []
+    for n in nps:
+        slower: list[tuple[float, str]] = []
+        compared = 0
+        for op in ops:
+            mine, theirs = table.get(("xccl-shm", n, op), {}), table.get(("mpi-shm", n, op), {})
+            for size in sorted(set(mine) & set(theirs)):
+                compared += 1
+                t0, t1 = mine[size]["time_us"], theirs[size]["time_us"]
+                if t0 > t1:
+                    slower.append((t0 / t1, f"{op} {human(size)} {t0 / t1:.2f}x"))
+        slower.sort(reverse=True)
+        worst = ", ".join(text for _, text in slower[:4]) + (", ..." if len(slower) > 4 else "")
+        ar = table.get(("xccl-shm", n, "all_reduce"), {}).get(8)
+        cells = [np_label(n, cpus), f"{len(slower)} of {compared}" if compared else "-"]
+        cells += [worst or "-"]
+        cells += [f"{ar['time_us']:.2f}" if ar else "-"]
+        b = bounds.get(n)
+        for op in BOUND_OPS:
+            row = row_near(table.get(("xccl-shm", n, op), {}), int(b["size"])) if b else None
+            if row is None or not b or b["per_stream_gbps"] <= 0:
+                cells.append("-")
+                continue
+            ratio = row["busbw"] / b["per_stream_gbps"]
+            cells.append(f"{ratio:.0%}" + ("" if ratio >= BOUND_TARGET else " (missed)"))
+        rows.append(cells)
+    head = ["np", "xccl-shm slower than mpi-shm", "worst (t xccl / t mpi)"]
+    head += ["all_reduce 8 B (µs)", "broadcast / bound", "all_gather / bound"]
+    lines += _md_table(head, rows)
+    return lines
+
+
+def load_baseline(out_dir: str) -> Table:
+    """The rows of an earlier run from its `raw/*.json` (`out_dir` or `out_dir/raw`), as
+    index() keeps them: of repeated runs, each row's fastest. The system is the file name's
+    part before `_np` (`xccl-shm_np2_r1.json`)."""
+    raw = os.path.join(out_dir, "raw") if os.path.isdir(os.path.join(out_dir, "raw")) else out_dir
+    runs: list[Run] = []
+    for name in sorted(os.listdir(raw)):
+        m = re.fullmatch(r"(.+)_np(\d+)(?:_r\d+)?\.json", name)
+        if m is None or m.group(1) not in SYSTEMS:
+            continue
+        with open(os.path.join(raw, name), encoding="utf-8") as f:
+            data = json.load(f)
+        run = Run(m.group(1), int(m.group(2)), 0, [], {}, "", "")
+        run.rows = data.get("rows") or []
+        runs.append(run)
+    if not runs:
+        raise ValueError(f"no raw results (<system>_np<N>.json) in {raw}")
+    return index(runs)
+
+
+def baseline_rows(
+    now: Table, base: Table, systems: Sequence[str], nps: Sequence[int], ops: Sequence[str]
+) -> list[tuple[str, str, int, int, float, float]]:
+    """(system, op, np, size, baseline time, time now) for every row measured in both."""
+    out = []
+    for system in systems:
+        for n in nps:
+            for op in ops:
+                a, b = base.get((system, n, op), {}), now.get((system, n, op), {})
+                for size in sorted(set(a) & set(b)):
+                    out.append((system, op, n, size, a[size]["time_us"], b[size]["time_us"]))
+    return out
+
+
+def baseline_table(
+    rows: Sequence[tuple[str, str, int, int, float, float]], tolerance: float, cpus: int
+) -> list[str]:
+    """Markdown: every row against the baseline, slower than it by more than `tolerance`
+    marked SLOWER, and a count per system."""
+    lines = [
+        "## Against the baseline",
+        "",
+        f"time now / time in the baseline run, per row measured in both (> 1: slower now); "
+        f"**SLOWER**: by more than {tolerance:.0%}. Single runs on a shared machine vary; "
+        "the baseline keeps each row's fastest of its repetitions.",
+        "",
+    ]
+    table = []
+    for system, op, n, size, t0, t1 in rows:
+        ratio = t1 / t0 if t0 > 0 else math.inf
+        mark = "**SLOWER**" if ratio > 1 + tolerance else ""
+        table.append(
+            [
+                system,
+                op,
+                np_label(n, cpus),
+                human(size),
+                _fmt_us(t0),
+                _fmt_us(t1),
+                f"{ratio:.2f}",
+                mark,
+            ]
+        )
+    lines += _md_table(
+        ["system", "op", "np", "size", "baseline (µs)", "now (µs)", "now/base", ""], table
+    )
+    counts = []
+    for system in dict.fromkeys(r[0] for r in rows):
+        mine = [r for r in rows if r[0] == system]
+        slower = sum(1 for r in mine if r[5] > r[4] * (1 + tolerance))
+        geo = _geomean([r[5] / r[4] for r in mine if r[4] > 0])
+        counts.append([system, str(len(mine)), str(slower), _fmt_ratio(geo)])
+    lines += _md_table(["system", "rows", "slower", "geomean now/base"], counts)
+    return lines
+
+
+def print_ratios(
+    runs: Sequence[Run], nps: Sequence[int], ops: Sequence[str], cpus: Optional[int] = None
+) -> None:
+    """xccl's speed-up over gloo and MPI per op, np and size, on stdout; an oversubscribed
+    np is marked '!' (and explained)."""
+    cpus = cpus_available() if cpus is None else cpus
     table = index(runs)
     labels = [f"{a}/{b}" for a, b in RATIOS]
     print("# xccl speed-up t(other) / t(xccl) (> 1: xccl is faster; '-': not measured)")
-    print(f"{'op':>14s} {'np':>3s} {'size':>10s}  " + "  ".join(f"{x:>16s}" for x in labels))
+    if any(is_oversubscribed(n, cpus) for n in nps):
+        print(f"# np marked '!': {oversub_note(cpus)}")
+    print(f"{'op':>14s} {'np':>4s} {'size':>10s}  " + "  ".join(f"{x:>16s}" for x in labels))
     for op in ops:
         for n in nps:
+            mark = f"{n}!" if is_oversubscribed(n, cpus) else f"{n} "
             for size in _sizes(table, SYSTEMS, n, op):
                 cells = [_fmt_ratio(speedup(table, a, b, n, op, size)) for a, b in RATIOS]
                 print(
-                    f"{op:>14s} {n:3d} {human(size):>10s}  " + "  ".join(f"{c:>16s}" for c in cells)
+                    f"{op:>14s} {mark:>4s} {human(size):>10s}  "
+                    + "  ".join(f"{c:>16s}" for c in cells)
                 )
+
+
+def print_bounds(
+    runs: Sequence[Run], systems: Sequence[str], nps: Sequence[int], bounds: Bounds, cpus: int
+) -> None:
+    """The memory-system bound per np and broadcast's and all_gather's busbw against it."""
+    table = index(runs)
+    for n in nps:
+        b = bounds.get(n)
+        if not b:
+            continue
+        mark = " (oversubscribed)" if is_oversubscribed(n, cpus) else ""
+        size = int(b["size"])
+        parts = []
+        for op in BOUND_OPS:
+            for system in systems:
+                row = row_near(table.get((system, n, op), {}), size)
+                if row is not None and b["per_stream_gbps"] > 0:
+                    ratio = row["busbw"] / b["per_stream_gbps"]
+                    parts.append(f"{op} {system} {row['busbw']:.2f} ({ratio:.0%})")
+        print(
+            f"# memory bound np={n}{mark}, {human(size)}: aggregate {b['aggregate_gbps']:.2f} "
+            f"GB/s, per rank {b['per_stream_gbps']:.2f} GB/s; " + ("; ".join(parts) or "-")
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -577,6 +1086,37 @@ def print_ratios(runs: Sequence[Run], nps: Sequence[int], ops: Sequence[str]) ->
 
 def _csv(text: str) -> list[str]:
     return [p.strip() for p in text.split(",") if p.strip()]
+
+
+MAX_NP = 1024  # more ranks than this on one host is a typo
+
+
+def parse_nps(text: str) -> list[int]:
+    """--np: a comma list of rank counts (1..MAX_NP), duplicates dropped, order kept."""
+    nps: list[int] = []
+    for part in _csv(text):
+        if not re.fullmatch(r"\d+", part) or not 1 <= int(part) <= MAX_NP:
+            raise ValueError(f"--np: {part!r} is not a rank count from 1 to {MAX_NP}")
+        if int(part) not in nps:
+            nps.append(int(part))
+    if not nps:
+        raise ValueError(f"--np: no rank count in {text!r}")
+    return nps
+
+
+def parse_sizes(text: str) -> list[int]:
+    """--sizes: a comma list of byte counts with optional K/M/G (powers of 1024)."""
+    sizes = []
+    for part in _csv(text):
+        m = re.fullmatch(r"(\d+)([kKmMgG]?)[iI]?[bB]?", part)
+        if m is None or int(m.group(1)) == 0:
+            raise ValueError(f"--sizes: {part!r} is not a size (e.g. 8, 4K, 64M)")
+        sizes.append(
+            int(m.group(1)) * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[m.group(2).lower()]
+        )
+    if not sizes:
+        raise ValueError(f"--sizes: no size in {text!r}")
+    return sizes
 
 
 def _loadavg() -> str:
@@ -632,15 +1172,70 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument(
         "--no-install", action="store_true", help="never install Open MPI, mpi4py or matplotlib"
     )
+    p.add_argument(
+        "--mpi-bind",
+        default="none",
+        choices=("none", "core", "hwthread", "l3cache", "numa", "package"),
+        help="Open MPI's --bind-to (default none: the other systems' ranks are not pinned)",
+    )
+    p.add_argument(
+        "--bound",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="measure the memory-system bound at every np (benchmarks/membw.c; default on)",
+    )
+    p.add_argument(
+        "--baseline",
+        metavar="DIR",
+        help="an earlier run's output directory (its raw/*.json): every row's time against it",
+    )
+    p.add_argument(
+        "--tolerance",
+        type=float,
+        default=0.10,
+        help="with --baseline, rows slower by more than this fraction are marked (default 0.10)",
+    )
+    p.add_argument(
+        "--deadline",
+        type=float,
+        help="seconds from the start by which the runs must end: later runs are skipped, the "
+        "last one cut short (its printed rows kept), and the report is still written",
+    )
     args = p.parse_args(argv)
 
     systems = _csv(args.systems)
     for s in systems:
         if s not in SYSTEMS:
             p.error(f"unknown system {s!r}; valid: {', '.join(SYSTEMS)}")
-    nps = [int(x) for x in _csv(args.np)]
+    if not systems:
+        p.error("--systems: no system named")
     ops = _csv(args.ops)
+    for op in ops:
+        if op not in OPS:
+            p.error(f"unknown op {op!r}; valid: {', '.join(OPS)}")
+    if not ops:
+        p.error("--ops: no operation named")
     sizes = args.sizes or (QUICK_SIZES if args.quick else FULL_SIZES)
+    try:
+        nps = parse_nps(args.np)
+        size_values = parse_sizes(sizes)
+    except ValueError as e:
+        p.error(str(e))
+    if args.repeat < 1:
+        p.error("--repeat must be at least 1")
+    if args.timeout <= 0 or (args.deadline is not None and args.deadline <= 0):
+        p.error("--timeout and --deadline must be positive")
+    base: Optional[Table] = None
+    if args.baseline:
+        try:
+            base = load_baseline(args.baseline)
+        except (OSError, ValueError) as e:
+            p.error(f"--baseline: {e}")
+    t_begin = time.monotonic()
+    cpus = cpus_available()
+    over = [n for n in nps if is_oversubscribed(n, cpus)]
+    if over:
+        _say(f"np {','.join(map(str, over))} oversubscribed: more ranks than {cpus} CPUs")
     iters = args.iters if args.iters is not None else (3 if args.quick else 5)
     warmup = args.warmup if args.warmup is not None else 1
     mintime = args.mintime if args.mintime is not None else (0.05 if args.quick else 0.25)
@@ -676,18 +1271,42 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         info["mpi"] = mpi_version
     memcpy = memcpy_bandwidth()
     _say(f"single-core memcpy bandwidth (numpy, 64 MiB): {memcpy:.2f} GB/s")
+    bounds = measure_bounds(nps, bound_size(size_values), args.thp, raw) if args.bound else {}
 
     t_start = time.monotonic()
     load_before = _loadavg()
-    runs = plan_runs(systems, nps, bench_args, raw, mpi_version, args.repeat, args.thp)
+    runs = plan_runs(
+        systems, nps, bench_args, raw, mpi_version, args.repeat, args.thp, cpus, args.mpi_bind
+    )
+    # SIGTERM (a time limit's `timeout`) or Ctrl-C: end the run in progress, skip the rest and
+    # still write the report.
+    signal.signal(signal.SIGTERM, _on_signal)
+    stopped = ""
     for i, run in enumerate(runs, 1):
-        what = f"[{i}/{len(runs)}] {run.system} np={run.nranks}"
+        what = f"[{i}/{len(runs)}] {run.system} np={np_label(run.nranks, cpus)}"
+        if _STOP and not stopped:
+            stopped = f"stopped by {_STOP[0]}"
+        if stopped:
+            run.status = f"skipped: {stopped}"
+            continue
         if run.system.startswith("mpi") and mpi_problem:
             run.status = f"skipped: {mpi_problem}"
             continue
+        timeout = args.timeout
+        if args.deadline is not None:
+            left = args.deadline - (time.monotonic() - t_begin)
+            if left < MIN_RUN_S:
+                run.status = f"skipped: deadline ({max(left, 0):.0f} s left of {args.deadline:.0f})"
+                _say(f"{what}: {run.status}")
+                continue
+            timeout = min(timeout, left)
         _say(f"{what} ...")
-        execute(run, args.timeout)
+        try:
+            execute(run, timeout)
+        except (Stopped, KeyboardInterrupt) as e:
+            stopped = f"stopped by {e or 'SIGINT'}"
         _say(f"{what}: {run.status} ({run.seconds:.0f} s, load {_loadavg()})")
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     elapsed = time.monotonic() - t_start
 
     settings = {
@@ -701,12 +1320,27 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "thp": args.thp,
     }
     md = os.path.join(args.out, "compare.md")
-    write_markdown(md, runs, systems, nps, ops, info, memcpy, settings)
+    write_markdown(md, runs, systems, nps, ops, info, memcpy, settings, bounds, cpus)
+    if base is not None:
+        against = baseline_rows(index(runs), base, systems, nps, ops)
+        with open(md, "a", encoding="utf-8") as f:
+            f.write("\n" + "\n".join(baseline_table(against, args.tolerance, cpus)))
+        slower = [r for r in against if r[5] > r[4] * (1 + args.tolerance)]
+        print(
+            f"# against {args.baseline}: {len(slower)} of {len(against)} rows slower by more "
+            f"than {args.tolerance:.0%}"
+        )
+        for system, op, n, size, t0, t1 in slower:
+            print(
+                f"#   {system} {op} np={n} {human(size)}: {_fmt_us(t0)} -> {_fmt_us(t1)} us "
+                f"({t1 / t0:.2f}x)"
+            )
     if have_plots:
-        plot(args.out, runs, systems, nps, ops, memcpy)
+        plot(args.out, runs, systems, nps, ops, memcpy, bounds, cpus)
     else:
         _say("matplotlib not available: no plots (pip install matplotlib)")
-    print_ratios(runs, nps, ops)
+    print_ratios(runs, nps, ops, cpus)
+    print_bounds(runs, systems, nps, bounds, cpus)
     print(
         f"# memcpy (one core, 64 MiB): {memcpy:.2f} GB/s; load average {load_before} -> "
         f"{settings['load_after']}; {elapsed:.0f} s"
@@ -714,7 +1348,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"# report: {md}")
     for run in runs:
         if run.status != "ok":
-            print(f"# {run.system} np={run.nranks}: {run.status}")
+            print(f"# {run.system} np={np_label(run.nranks, cpus)}: {run.status}")
     return 1 if any(r.status.startswith("WRONG") for r in runs) else 0
 
 
