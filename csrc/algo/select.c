@@ -99,11 +99,14 @@ static const xccl_cost_model_t default_model = {20e-6, 1.0 / 2.0e9, 1.0 / 4.0e9,
  *     np=4 against the model's scatter_allgather (1 MiB) or chain: 1 MiB 0.43 0.82 0.51,
  *     4 MiB 0.19 0.58 0.34, 16 MiB 0.18 0.42 0.30, 64 MiB 0.18 0.50 0.29. On 2 ranks linear and
  *     binomial are one message alike (16 MiB 0.97 0.99 1.00): the model's choice stands.
- * Removed, the model's choice held: ring from 1 to 16 MiB where ranks outnumber CPUs (np=4:
- * ring/rabenseifner 0.92 1.13 1.03 at 1 MiB, 1.65 1.33 1.15 at 4 MiB; compare.py --repeat 3
- * with torch buffers: 392 against 356 µs at 1 MiB, 3.09 against 2.32 ms at 4 MiB, 19.5
- * against 13.0 ms at 16 MiB - 4 bytes, where owner takes over). None for all_to_all:
- * the model's choice (linear) held against pairwise (docs/selection.md). */
+ *   - ring from 2 to 16 MiB where ranks outnumber CPUs and receivers pull (np=4): re-measured
+ *     on the quiet VM (load < 3) after the run above, which had favoured the model's
+ *     Rabenseifner under load 15-17 (ring/rabenseifner 1.65 1.33 1.15 at 4 MiB; compare.py 3.09
+ *     against 2.32 ms). xccl-bench --np 4 --tensor torch --algo ring|rabenseifner, 4 alternated
+ *     launches, µs: 4 MiB ring 3089 2568 4636 2597 against 3661 3033 3440 4001 (medians 2843
+ *     against 3551); 16 MiB 15358 14276 15601 16131 against 19276 19145 19247 18423; 1 MiB
+ *     mixed (505 332 716 531 against 435 348 383 508), so the rule starts at 2 MiB.
+ * None for all_to_all: the model's choice (linear) held against pairwise (docs/selection.md). */
 static const struct builtin_rule {
     xccl_coll_t coll;
     size_t      lo, hi;               /* inclusive byte range */
@@ -114,6 +117,7 @@ static const struct builtin_rule {
 } builtin_rules[] = {
     {XCCL_COLL_ALLREDUCE, 0, (64 << 10) - 1, 2, INT_MAX, 1, 1, "direct"},
     {XCCL_COLL_ALLREDUCE, 64 << 10, (1 << 20) - 1, 2, INT_MAX, 1, 1, "owner"},
+    {XCCL_COLL_ALLREDUCE, 2 << 20, (16 << 20) - 1, 2, INT_MAX, 1, 1, "ring"},
     {XCCL_COLL_ALLREDUCE, 16 << 20, SIZE_MAX, 2, 4, 0, 0, "owner"},
     {XCCL_COLL_REDUCE_SCATTER, 16 << 20, SIZE_MAX, 2, 4, 0, 0, "owner"},
     {XCCL_COLL_BROADCAST, 1 << 20, SIZE_MAX, 3, INT_MAX, 1, 0, "linear"},

@@ -1450,7 +1450,9 @@ static void test_select(void)
         } cases[] = {
             {8, "direct"},       {(64 << 10) - 4, "direct"},
             {64 << 10, "owner"}, {(1 << 20) - 4, "owner"},
-            {1 << 20, NULL},     {(16 << 20) - 4, NULL}, /* NULL: the model's choice */
+            {1 << 20, NULL}, /* NULL: the model's choice */
+            {(2 << 20) - 4, NULL},
+            {2 << 20, "ring"},   {(16 << 20) - 4, "ring"},
             {16 << 20, "owner"},
         };
         for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
