@@ -305,17 +305,6 @@ static void shm_bell(shm_seg_hdr_t *h)
     if (atomic_load(&h->pollers) != 0) (void)shm_poke(h);
 }
 
-static int shm_pidfd_open(pid_t pid)
-{
-#ifdef SYS_pidfd_open
-    return (int)syscall(SYS_pidfd_open, pid, 0);
-#else
-    (void)pid;
-    errno = ENOSYS;
-    return -1;
-#endif
-}
-
 static uint64_t shm_pid_ns(void)
 {
     struct stat sb;
@@ -1117,7 +1106,7 @@ static xccl_status_t shm_attach(xccl_tp_ctx_t *ctx, int peer, const shm_addr_t *
         p->watch  = SHM_WATCH_LOCK;
         p->lockfd = fd;
         fd        = -1;
-    } else if ((p->pidfd = shm_pidfd_open(p->pid)) >= 0) {
+    } else if ((p->pidfd = xccl_pidfd_open(p->pid)) >= 0) {
         p->watch = SHM_WATCH_PIDFD;
     } else {
         p->watch = SHM_WATCH_KILL;

@@ -64,6 +64,27 @@ static const char *peer_addr(const shm_t *x, int q, int which, size_t off)
     return (const char *)(uintptr_t)shm_ctl(x, q)->addr[x->p][which] + off;
 }
 
+/* Copies elements [first, first + count) of `holder`'s rbuf into the same place of this rank's
+ * rbuf, chunk by chunk as the holder's progress counter publishes them (chunk c once prog
+ * passed c); cursor st[CMA_CHUNK], reset when done. XCCL_INPROGRESS while a chunk is not
+ * there yet. */
+static xccl_status_t pull_published(shm_t *x, int holder, size_t first, size_t count)
+{
+    size_t ce = (size_t)x->chunk, nch = (count + ce - 1) / ce;
+
+    for (size_t c = (size_t)x->st[CMA_CHUNK]; c < nch; c++) {
+        size_t off = (first + c * ce) * x->es, cnt = xccl_pat_min(ce, count - c * ce);
+        if (!shm_prog_ready(x, holder, c + 1)) {
+            x->st[CMA_CHUNK] = c;
+            return XCCL_INPROGRESS;
+        }
+        XCCL_CHECK(xccl_task_peer_read(x->t, holder, (char *)x->a->rbuf + off,
+                                       peer_addr(x, holder, 1, off), cnt * x->es));
+    }
+    x->st[CMA_CHUNK] = 0;
+    return XCCL_OK;
+}
+
 /* Waits for every rank's publication (signature checked); cursor st[1]. */
 static xccl_status_t all_ready(shm_t *x)
 {
@@ -217,24 +238,13 @@ static xccl_status_t bcast_progress(xccl_task_t *t)
     }
     if (x.st[SHM_PHASE] == PH_OTHERS) {
         for (int j = (int)x.st[SHM_CURSOR]; j < m; j++) {
-            int    s = (i + j) % m, h = (R + 1 + s) % n, rd;
-            size_t soff = xccl_pat_block_off(a->count, m, s),
-                   scnt = xccl_pat_block_count(a->count, m, s);
-            size_t nch  = (scnt + ce - 1) / ce;
+            int s = (i + j) % m, h = (R + 1 + s) % n, rd;
 
             x.st[SHM_CURSOR] = (uint64_t)j;
             rd               = shm_ready(&x, h);
             if (rd <= 0) return rd < 0 ? rd : XCCL_INPROGRESS;
-            for (size_t c = (size_t)x.st[CMA_CHUNK]; c < nch; c++) {
-                size_t off = (soff + c * ce) * x.es, cnt = xccl_pat_min(ce, scnt - c * ce);
-                if (!shm_prog_ready(&x, h, c + 1)) {
-                    x.st[CMA_CHUNK] = c;
-                    return XCCL_INPROGRESS;
-                }
-                XCCL_CHECK(xccl_task_peer_read(t, h, (char *)a->rbuf + off,
-                                               peer_addr(&x, h, 1, off), cnt * x.es));
-            }
-            x.st[CMA_CHUNK] = 0;
+            SHM_TRY(pull_published(&x, h, xccl_pat_block_off(a->count, m, s),
+                                   xccl_pat_block_count(a->count, m, s)));
         }
         x.st[SHM_CURSOR] = 0;
         x.st[SHM_PHASE]  = PH_DONE;
@@ -301,21 +311,11 @@ static xccl_status_t red_progress(xccl_task_t *t)
     }
     if (x.st[SHM_PHASE] == PH_OTHERS) {
         for (int j = (int)x.st[SHM_CURSOR]; j < n; j++) {
-            int    q    = (r + j) % n;
-            size_t qoff = xccl_pat_block_off(a->count, n, q);
-            size_t qcnt = xccl_pat_block_count(a->count, n, q), qn = (qcnt + ce - 1) / ce;
+            int q = (r + j) % n;
 
             x.st[SHM_CURSOR] = (uint64_t)j;
-            for (size_t c = (size_t)x.st[CMA_CHUNK]; c < qn; c++) {
-                size_t off = (qoff + c * ce) * x.es, cnt = xccl_pat_min(ce, qcnt - c * ce);
-                if (!shm_prog_ready(&x, q, c + 1)) {
-                    x.st[CMA_CHUNK] = c;
-                    return XCCL_INPROGRESS;
-                }
-                XCCL_CHECK(xccl_task_peer_read(t, q, (char *)a->rbuf + off,
-                                               peer_addr(&x, q, 1, off), cnt * x.es));
-            }
-            x.st[CMA_CHUNK] = 0;
+            SHM_TRY(pull_published(&x, q, xccl_pat_block_off(a->count, n, q),
+                                   xccl_pat_block_count(a->count, n, q)));
         }
         x.st[SHM_CURSOR] = 0;
         x.st[SHM_PHASE]  = PH_DONE;

@@ -292,17 +292,6 @@ void xccl_shared_sweep(void)
 /* The segment                                                                                 */
 /* ------------------------------------------------------------------------------------------ */
 
-static int pidfd_open_(pid_t pid)
-{
-#ifdef SYS_pidfd_open
-    return (int)syscall(SYS_pidfd_open, pid, 0);
-#else
-    (void)pid;
-    errno = ENOSYS;
-    return -1;
-#endif
-}
-
 static size_t page_round(size_t n)
 {
     long   pg = sysconf(_SC_PAGESIZE);
@@ -321,7 +310,7 @@ static void seg_watch_open(xccl_comm_t *comm, struct xccl_shseg *s)
         const xccl_core_info_t *ci = &ctx->cinfo[comm->world[i]];
         s->pidfd[i]                = -2;
         if (i == comm->rank || ns == 0 || ci->pid_ns != ns) continue;
-        s->pidfd[i] = pidfd_open_(ctx->peers[comm->world[i]].pid);
+        s->pidfd[i] = xccl_pidfd_open(ctx->peers[comm->world[i]].pid);
         if (s->pidfd[i] < 0) s->pidfd[i] = -1;
     }
 }

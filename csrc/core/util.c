@@ -4,12 +4,15 @@
  */
 #include "core/check.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <time.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
 #include <unistd.h>
 #include <pthread.h>
 
@@ -148,4 +151,15 @@ xccl_status_t xccl_error_set(xccl_status_t st, const char *fmt, ...)
     vsnprintf(last_error, sizeof(last_error), fmt, ap);
     va_end(ap);
     return st;
+}
+
+int xccl_pidfd_open(int pid)
+{
+#ifdef SYS_pidfd_open
+    return (int)syscall(SYS_pidfd_open, (pid_t)pid, 0);
+#else
+    (void)pid;
+    errno = ENOSYS;
+    return -1;
+#endif
 }

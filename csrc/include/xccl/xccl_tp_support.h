@@ -101,6 +101,10 @@ int64_t xccl_env_int(const char *name, int64_t def);
 /* Fills buf with cryptographically random bytes (getrandom). */
 xccl_status_t xccl_random_bytes(void *buf, size_t len);
 
+/* A pidfd for process `pid` (readable once it has exited), or -1 with errno set (ENOSYS where
+ * the kernel or libc lacks pidfd_open: callers fall back to kill(pid, 0)). */
+int xccl_pidfd_open(int pid);
+
 /* ---- sockets ------------------------------------------------------------------------------ */
 
 typedef struct xccl_sockaddr {
