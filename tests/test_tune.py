@@ -16,12 +16,14 @@ import pytest
 import xccl
 from xccl import _group, tune
 
-ROOT = Path(__file__).resolve().parent.parent
+# the xccl this session imported (the in-place build under python/, or an installed one whose
+# source tree next to the tests has no extension): child interpreters must import the same
+PKG_PARENT = Path(xccl.__file__).resolve().parent.parent
 
 
 def _env() -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "python"), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(PKG_PARENT), env.get("PYTHONPATH", "")])
     env.pop("XCCL_TUNE_FILE", None)
     env.pop("XCCL_ALGO", None)
     return env
