@@ -97,7 +97,6 @@
 #include <string.h>
 #include <time.h>
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <sys/mman.h>
@@ -371,33 +370,9 @@ static uint64_t shm_hdr_bytes(int size) { return xccl_shm_hdr_bytes(size); }
  * like ours, and only ones older than SHM_ORPHAN_AGE_S (an owner locks its segment right after
  * creating it, so a younger unlocked one may be one being created). The lock tells, not the
  * pid in the name, which means nothing in another pid namespace sharing /dev/shm. */
-static void shm_sweep_orphans(int rank)
+static void shm_sweep_orphans(void)
 {
-    DIR           *d = opendir("/dev/shm");
-    struct dirent *e;
-    time_t         now = time(NULL);
-
-    if (d == NULL) return;
-    while ((e = readdir(d)) != NULL) {
-        struct stat  st;
-        struct flock fl;
-        char         name[SHM_NAME_MAX];
-        int          fd;
-
-        if (strncmp(e->d_name, SHM_NAME_PREFIX, strlen(SHM_NAME_PREFIX)) != 0) continue;
-        fd = openat(dirfd(d), e->d_name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-        if (fd < 0) continue;
-        memset(&fl, 0, sizeof(fl));
-        fl.l_type   = F_WRLCK;
-        fl.l_whence = SEEK_SET;
-        if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() &&
-            now - st.st_ctime > SHM_ORPHAN_AGE_S && fcntl(fd, F_OFD_GETLK, &fl) == 0 &&
-            fl.l_type == F_UNLCK && snprintf(name, sizeof(name), "/%s", e->d_name) > 0 &&
-            shm_unlink(name) == 0)
-            XCCL_INFO("shm: rank %d: removed %s, left by a process that died", rank, name);
-        close(fd);
-    }
-    closedir(d);
+    xccl_shm_sweep(SHM_NAME_PREFIX, SHM_ORPHAN_AGE_S, NULL, "shm");
 }
 
 static void shm_seg_name(char *buf, uint64_t job_id, int rank)
@@ -1375,7 +1350,7 @@ static xccl_status_t shm_init(const xccl_tp_init_params_t *params, xccl_tp_ctx_t
     ctx->cma_min    = shm_cma_min(params->cpus_scarce, ctx->ring_bytes);
     ctx->hdr_bytes  = shm_hdr_bytes(ctx->size);
     ctx->seg_bytes  = ctx->hdr_bytes + (uint64_t)nlocal * (SHM_CTL_BYTES + ctx->ring_bytes);
-    shm_sweep_orphans(ctx->rank);
+    shm_sweep_orphans();
     shm_seg_name(ctx->name, ctx->job_id, ctx->rank);
     ctx->fd = shm_open(ctx->name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (ctx->fd < 0) {

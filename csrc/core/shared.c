@@ -254,7 +254,8 @@ static void seg_name(char *buf, size_t len, uint64_t job, uint64_t comm_id, int3
     snprintf(buf, len, "/" SHSEG_PREFIX "%016" PRIx64 "-%016" PRIx64 "-%d", job, comm_id, (int)pid);
 }
 
-void xccl_shared_sweep(void)
+void xccl_shm_sweep(const char *prefix, int min_age_s, int (*creator_dead)(const char *name),
+                    const char *who)
 {
     DIR           *d = opendir("/dev/shm");
     struct dirent *e;
@@ -262,30 +263,43 @@ void xccl_shared_sweep(void)
 
     if (d == NULL) return;
     while ((e = readdir(d)) != NULL) {
-        struct stat        st;
-        struct flock       fl;
-        char               name[SHSEG_NAME_MAX + 8];
-        unsigned long long job, cid;
-        int                pid, fd, dead, n = 0;
+        struct stat  st;
+        struct flock fl;
+        char         name[NAME_MAX + 2];
+        int          fd;
 
-        if (strncmp(e->d_name, SHSEG_PREFIX, strlen(SHSEG_PREFIX)) != 0) continue;
-        if (sscanf(e->d_name, SHSEG_PREFIX "%16llx-%16llx-%d%n", &job, &cid, &pid, &n) != 3 ||
-            e->d_name[n] != '\0' || pid <= 0)
-            continue;
+        if (strncmp(e->d_name, prefix, strlen(prefix)) != 0) continue;
         fd = openat(dirfd(d), e->d_name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
         if (fd < 0) continue;
         memset(&fl, 0, sizeof(fl));
         fl.l_type   = F_WRLCK;
         fl.l_whence = SEEK_SET;
-        dead        = kill(pid, 0) != 0 && errno == ESRCH;
         if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() &&
             fcntl(fd, F_OFD_GETLK, &fl) == 0 && fl.l_type == F_UNLCK &&
-            (dead || now - st.st_ctime > SHSEG_ORPHAN_AGE_S) &&
+            (now - st.st_ctime > min_age_s ||
+             (creator_dead != NULL && creator_dead(e->d_name))) &&
             snprintf(name, sizeof(name), "/%s", e->d_name) > 0 && shm_unlink(name) == 0)
-            XCCL_INFO("node-shared memory: removed %s, left by a process that died", name);
+            XCCL_INFO("%s: removed %s, left by a process that died", who, name);
         close(fd);
     }
     closedir(d);
+}
+
+/* A segment name of ours whose creator (the pid in it) no longer exists. */
+static int seg_creator_dead(const char *name)
+{
+    unsigned long long job, cid;
+    int                pid, n = 0;
+
+    if (sscanf(name, SHSEG_PREFIX "%16llx-%16llx-%d%n", &job, &cid, &pid, &n) != 3 ||
+        name[n] != '\0' || pid <= 0)
+        return 0;
+    return kill(pid, 0) != 0 && errno == ESRCH;
+}
+
+void xccl_shared_sweep(void)
+{
+    xccl_shm_sweep(SHSEG_PREFIX, SHSEG_ORPHAN_AGE_S, seg_creator_dead, "node-shared memory");
 }
 
 /* ------------------------------------------------------------------------------------------ */

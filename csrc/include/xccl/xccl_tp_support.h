@@ -105,6 +105,15 @@ xccl_status_t xccl_random_bytes(void *buf, size_t len);
  * the kernel or libc lacks pidfd_open: callers fall back to kill(pid, 0)). */
 int xccl_pidfd_open(int pid);
 
+/* Removes POSIX shared-memory objects that a dead process left in /dev/shm: names starting with
+ * `prefix`, owned by our user, on which no process holds an OFD lock (their creators lock them
+ * right after creating them and keep the lock while they may be opened), and either older than
+ * min_age_s (a younger unlocked one may be one being created now) or, when creator_dead is
+ * given, whose creator it says is dead (it gets the name without the leading '/'). `who` starts
+ * the INFO line logged for each removal. Never blocks on a lock; errors are skipped. */
+void xccl_shm_sweep(const char *prefix, int min_age_s, int (*creator_dead)(const char *name),
+                    const char *who);
+
 /* ---- sockets ------------------------------------------------------------------------------ */
 
 typedef struct xccl_sockaddr {
