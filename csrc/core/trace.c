@@ -78,7 +78,10 @@ void xccl_trace_req(xccl_req_t *r)
              other >= 0 ? xccl_comm_peer_transport(c, other) : "?");
 }
 
-void xccl_trace_reduce(xccl_task_t *t, const void *dst, size_t nbytes, uint64_t t0)
+/* A step this rank ran itself (no request): a reduction, or a read from `src`'s memory, that
+ * began at t0 and just ended, landing at dst. */
+static void trace_local(xccl_task_t *t, xccl_trace_kind_t kind, int src, const void *dst,
+                        size_t nbytes, uint64_t t0, const char *how)
 {
     xccl_work_t        *w = t->work;
     xccl_comm_t        *c = w->comm;
@@ -88,34 +91,24 @@ void xccl_trace_reduce(xccl_task_t *t, const void *dst, size_t nbytes, uint64_t 
     e = slot(c);
     fill_names(e, w);
     e->seq        = w->seq;
-    e->kind       = XCCL_TRACE_REDUCE;
-    e->src        = c->rank;
+    e->kind       = kind;
+    e->src        = src < 0 ? c->rank : src;
     e->dst        = c->rank;
     e->nbytes     = nbytes;
     e->t_start_ns = t0;
     e->t_end_ns   = xccl_now_ns();
     locate(w, dst, &e->buf, &e->offset);
-    snprintf(e->transport, sizeof(e->transport), "local");
+    snprintf(e->transport, sizeof(e->transport), "%s", how);
+}
+
+void xccl_trace_reduce(xccl_task_t *t, const void *dst, size_t nbytes, uint64_t t0)
+{
+    trace_local(t, XCCL_TRACE_REDUCE, -1, dst, nbytes, t0, "local");
 }
 
 void xccl_trace_read(xccl_task_t *t, int peer, const void *dst, size_t nbytes, uint64_t t0)
 {
-    xccl_work_t        *w = t->work;
-    xccl_comm_t        *c = w->comm;
-    xccl_trace_event_t *e;
-
-    if (c->trace_cap == 0) return;
-    e = slot(c);
-    fill_names(e, w);
-    e->seq        = w->seq;
-    e->kind       = XCCL_TRACE_RECV;
-    e->src        = peer;
-    e->dst        = c->rank;
-    e->nbytes     = nbytes;
-    e->t_start_ns = t0;
-    e->t_end_ns   = xccl_now_ns();
-    locate(w, dst, &e->buf, &e->offset);
-    snprintf(e->transport, sizeof(e->transport), "cma");
+    trace_local(t, XCCL_TRACE_RECV, peer, dst, nbytes, t0, "cma");
 }
 
 xccl_status_t xccl_comm_trace(xccl_comm_t *comm, size_t capacity)
