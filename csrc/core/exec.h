@@ -24,6 +24,7 @@
 #define XCCL_CORE_EXEC_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "xccl/xccl.h"
 
@@ -48,6 +49,21 @@ typedef struct xccl_exec_ops {
     /* Scratch memory of this memory type; NULL when out of memory. */
     void *(*alloc)(size_t nbytes);
     void (*free)(void *p);
+
+    /* ---- streams (device executors; all NULL on the CPU executor and fakes without them) ----
+     * order_after: the operations this executor queues from now on run after the work the
+     * caller queued on `stream` (NULL: the legacy default stream) so far. The device waits,
+     * not the CPU. A transport that lets a peer read or write this executor's memory outside
+     * its queue orders itself by the executor's own queue (see the device's support API).
+     * Called when an operation on this memory type is posted, before its first copy. */
+    xccl_status_t (*order_after)(void *stream);
+    /* Completion gates: a device Work takes a gate when posted (gate_new: its ticket) and opens
+     * it exactly once when it finishes, whatever the outcome (gate_open). gate_wait makes
+     * `stream` wait, on the device, until the gate of `ticket` is open. A gate never stays
+     * closed: a Work always finishes (completion, failure, timeout, abort, destroy). */
+    xccl_status_t (*gate_new)(uint64_t *ticket);
+    void (*gate_open)(uint64_t ticket);
+    xccl_status_t (*gate_wait)(uint64_t ticket, void *stream);
 } xccl_exec_ops_t;
 
 /* The CPU executor (XCCL_MEM_HOST): synchronous. Callers may compare against it to take a
@@ -57,6 +73,10 @@ extern const xccl_exec_ops_t xccl_exec_cpu;
 /* The executor for buffers of memory type `mem`, or NULL when this process has none (e.g.
  * XCCL_MEM_CUDA without a CUDA runtime) or mem is not a memory type. */
 const xccl_exec_ops_t *xccl_exec_for(xccl_mem_type_t mem);
+
+/* Installs the executor of its memory type (ops->mem), once per process (a device backend,
+ * when the process chooses its device). XCCL_ERR_INVALID_USAGE if another is installed. */
+xccl_status_t xccl_exec_register(const xccl_exec_ops_t *ops);
 
 /* Tests only: installs `ops` (NULL: none) as the executor of `mem` and returns the previous
  * one. Not thread-safe: call while no operation runs. */

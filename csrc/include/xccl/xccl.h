@@ -243,6 +243,11 @@ xccl_status_t xccl_work_wait(xccl_work_t *w, int64_t slice_ms);
  * notices the end of the operation as xccl_work_wait does. */
 xccl_status_t xccl_work_wait_us(xccl_work_t *w, int64_t slice_us);
 xccl_status_t xccl_work_status(const xccl_work_t *w); /* no progress */
+/* Device memory: makes `stream` (a CUstream; NULL: the legacy default stream) wait until the
+ * Work has completed, without blocking the CPU. XCCL_OK when queued (or when the Work already
+ * succeeded: nothing to wait for), the Work's error when it has already failed,
+ * XCCL_ERR_INVALID_USAGE for a Work on host memory. */
+xccl_status_t xccl_work_wait_stream(xccl_work_t *w, void *stream);
 /* Message of a failed Work ("" otherwise); valid while the Work is. */
 const char   *xccl_work_error(const xccl_work_t *w);
 int           xccl_work_source(const xccl_work_t *w); /* sender of a completed receive */
@@ -279,7 +284,23 @@ typedef struct xccl_coll_opts {
                                /* the background progress thread                             */
     xccl_mem_type_t mem;       /* where the buffers live (zero: host memory); a type without */
                                /* an executor in this process fails the call (NOT_SUPPORTED) */
+    void           *stream;    /* device memory: the caller's stream (a CUstream; NULL: the  */
+                               /* legacy default stream). See "Streams" below.               */
 } xccl_coll_opts_t;
+
+/* Options of a point-to-point operation (NULL: host memory). */
+typedef struct xccl_p2p_opts {
+    xccl_mem_type_t mem;
+    void           *stream; /* as in xccl_coll_opts_t */
+} xccl_p2p_opts_t;
+
+/* Streams (device memory). An operation on device memory runs after the work queued on
+ * opts->stream before the call (the GPU waits for it: the call never blocks the CPU on the
+ * device), on xccl's own stream, with its copies and reductions done by the device. The Work
+ * completes (xccl_work_test/wait report XCCL_OK) when its device work has finished.
+ * xccl_work_wait_stream orders a stream of the caller after the Work without blocking the CPU;
+ * a Work that fails releases such waiting streams too (its error is reported by
+ * xccl_work_test/wait/status, never by the device). */
 
 /* Messages between a pair with the same tag are matched in posting order. A receive buffer
  * smaller than the message fails the receive (no truncation). peer = XCCL_ANY_SOURCE receives
@@ -288,6 +309,11 @@ xccl_status_t xccl_isend(xccl_comm_t *comm, const void *buf, size_t nbytes, int 
                          uint32_t tag, xccl_work_t **w);
 xccl_status_t xccl_irecv(xccl_comm_t *comm, void *buf, size_t nbytes, int peer, uint32_t tag,
                          xccl_work_t **w);
+/* The same on memory of any type (opts NULL: host memory, as xccl_isend/xccl_irecv). */
+xccl_status_t xccl_isend_opts(xccl_comm_t *comm, const void *buf, size_t nbytes, int peer,
+                              uint32_t tag, const xccl_p2p_opts_t *opts, xccl_work_t **w);
+xccl_status_t xccl_irecv_opts(xccl_comm_t *comm, void *buf, size_t nbytes, int peer,
+                              uint32_t tag, const xccl_p2p_opts_t *opts, xccl_work_t **w);
 
 /* sbuf == rbuf means in place. Counts are elements. opts may be NULL. */
 xccl_status_t xccl_allreduce(xccl_comm_t *comm, const void *sbuf, void *rbuf, size_t count,
@@ -408,6 +434,36 @@ size_t xccl_comm_flight_dump(xccl_comm_t *comm, char *buf, size_t len);
  * (less once every member answered or is known dead). Returns the length written (truncated to
  * len - 1, always NUL-terminated; 0 for a single-rank or destroyed communicator). */
 size_t xccl_comm_diag_table(xccl_comm_t *comm, int64_t wait_ms, char *buf, size_t len);
+
+/* ---------------------------------------------------------------------------------------------
+ * CUDA. The library never links the CUDA driver: it loads libcuda.so.1 on first use. A process
+ * uses one GPU (xccl_cuda_set_device); its device memory is then XCCL_MEM_CUDA.
+ * ------------------------------------------------------------------------------------------- */
+typedef struct xccl_cuda_info {
+    int  built;          /* the CUDA support (executor, kernels, cuda_ipc) is in this build  */
+    int  loaded;         /* the driver is loaded and initialised                              */
+    int  ndevices;       /* devices the driver sees (0 when not loaded)                       */
+    int  device;         /* the device this process uses (-1: none chosen yet)                */
+    int  driver_version; /* cuDriverGetVersion, e.g. 13000 (0 when not loaded)                */
+    int  header_version; /* CUDA_VERSION of the headers xccl was built with (0: not built)    */
+    char why[256];       /* why not built or not loaded ("" when usable)                      */
+    char archs[160];     /* compiled GPU code, e.g. "sm_75 sm_80 ... compute_120"             */
+    char device_name[96];/* the chosen device's name ("" when none)                           */
+    int  cc_major, cc_minor;
+} xccl_cuda_info_t;
+
+/* Fills *out; loads the driver if no call did yet (never fails: `why` says what is missing). */
+void xccl_cuda_info(xccl_cuda_info_t *out);
+/* Chooses the GPU of this process (loads the driver, retains the device's primary context -
+ * the one PyTorch and CuPy use - and makes XCCL_MEM_CUDA usable). Calling it again with the
+ * same device does nothing; another device is XCCL_ERR_INVALID_USAGE (one GPU per process).
+ * XCCL_ERR_NOT_SUPPORTED: not built with CUDA, or no driver; XCCL_ERR_INVALID_ARG: no such
+ * device. */
+xccl_status_t xccl_cuda_set_device(int device);
+/* Checks that [ptr, ptr + nbytes) is device memory of the chosen device within one allocation,
+ * not managed (unified) memory: XCCL_OK, or XCCL_ERR_INVALID_ARG with a message saying what
+ * it is instead. XCCL_ERR_INVALID_USAGE before xccl_cuda_set_device. */
+xccl_status_t xccl_cuda_check_ptr(const void *ptr, size_t nbytes);
 
 #ifdef __cplusplus
 }
