@@ -142,7 +142,7 @@ def _iters_for(one_s: float, mintime: float) -> int:
 def _copy_torch(torch: Any, sizes: Sequence[int], mintime: float) -> dict[str, Any]:
     dev = torch.device("cuda", 0)
     big = max(sizes)
-    src = (torch.arange(big, device=dev) % 251).to(torch.uint8)
+    src = torch.randint(0, 256, (big,), dtype=torch.uint8, device=dev)
     dst = torch.zeros_like(src)
     start = torch.cuda.Event(enable_timing=True)
     end = torch.cuda.Event(enable_timing=True)
@@ -181,7 +181,7 @@ def _copy_cupy(cupy: Any, sizes: Sequence[int], mintime: float) -> dict[str, Any
     rt = cupy.cuda.runtime
     big = max(sizes)
     with cupy.cuda.Device(0):
-        src = (cupy.arange(big) % 251).astype(cupy.uint8)
+        src = (cupy.arange(big, dtype=cupy.int32) % 251).astype(cupy.uint8)
         dst = cupy.zeros_like(src)
         stream = cupy.cuda.get_current_stream()
         start, end = cupy.cuda.Event(), cupy.cuda.Event()
@@ -277,7 +277,7 @@ def nvidia_smi() -> dict[str, str]:
     exe = shutil.which("nvidia-smi")
     if exe is None:
         return {}
-    query = "name,driver_version,memory.total,pcie.link.gen.max,clocks.max.sm"
+    query = "name,driver_version,memory.total"  # fields every driver knows (one unknown: none)
     try:
         out = subprocess.run(
             [exe, f"--query-gpu={query}", "--format=csv,noheader", "-i", "0"],
@@ -290,7 +290,7 @@ def nvidia_smi() -> dict[str, str]:
     if out.returncode != 0 or not out.stdout.strip():
         return {}
     cells = [c.strip() for c in out.stdout.strip().splitlines()[0].split(",")]
-    keys = ["gpu (nvidia-smi)", "driver", "gpu memory (nvidia-smi)", "pcie gen", "max sm clock"]
+    keys = ["gpu (nvidia-smi)", "driver", "gpu memory (nvidia-smi)"]
     return dict(zip(keys, cells, strict=False))
 
 
