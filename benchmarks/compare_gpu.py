@@ -4,8 +4,8 @@
     python benchmarks/compare_gpu.py --quick            # fewer sizes, shorter loops (~1 min)
     python benchmarks/compare_gpu.py --deadline 150     # always ends, with a report, in 150 s
 
-Systems, each run one after the other on this machine, all ranks sharing GPU 0 when there is
-one GPU (the issue's setting: 2 and 4 processes on one H100):
+Systems, each run one after the other on this machine, all ranks sharing one GPU (the first
+of CUDA_VISIBLE_DEVICES, else GPU 0: the issue's setting, 2 and 4 processes on one H100):
 
 ========  ==================================================================================
 xccl      ``xccl-bench --device cuda``: xccl's torch.distributed API on CUDA tensors
@@ -329,9 +329,12 @@ def xccl_cuda_facts(env: dict[str, str]) -> dict[str, str]:
 
 
 def package_env() -> dict[str, str]:
-    """The environment every child gets: the source tree's python/ when xccl is not
-    installed (built in place), one OpenMP thread."""
-    env = {"OMP_NUM_THREADS": "1"}
+    """The environment every child gets: one GPU only (the first of CUDA_VISIBLE_DEVICES, or
+    GPU 0), so that every rank and the copy use the same one, as the issue's setting has it;
+    the source tree's python/ when xccl is not installed (built in place); one OpenMP
+    thread."""
+    visible = _csv(os.environ.get("CUDA_VISIBLE_DEVICES", ""))
+    env = {"OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": visible[0] if visible else "0"}
     if importlib.util.find_spec("xccl") is None:
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (os.path.join(ROOT, "python"), os.environ.get("PYTHONPATH", "")) if p

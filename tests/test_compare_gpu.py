@@ -283,3 +283,11 @@ def test_orchestration_with_cpu_stand_ins(
     assert (out / "raw" / "xccl_np2.txt").exists()
     text = (out / "gpu.md").read_text()
     assert "## all_reduce, np=2" in text and "| xccl np=2 | ok |" in text
+
+
+def test_children_share_one_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert cg.package_env()["CUDA_VISIBLE_DEVICES"] == "0"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
+    assert cg.package_env()["CUDA_VISIBLE_DEVICES"] == "3"
+    assert cg.package_env()["OMP_NUM_THREADS"] == "1"
