@@ -309,3 +309,68 @@ def test_whole_harness_on_fake_device(capsys: pytest.CaptureFixture[str]) -> Non
     assert "device cuda:0" in out and "gpu Fake GPU" in out
     assert out.count("# Out of bounds values : 0 OK") == 3
     assert not runner._pending  # every loop ended settled
+
+
+# --- the device paths with the real libraries, host tensors standing in for device ones -------
+
+_RANK_SCRIPT = """
+import sys
+import xccl.bench as bench
+
+class HostAsDevice(bench.Arrays):
+    def __init__(self):
+        super().__init__("torch")
+        self.device = 0  # the device code paths, on host tensors
+    def empty(self, count, dtype):
+        import torch
+        return torch.zeros(count, dtype=getattr(torch, dtype.torch))
+    def synchronize(self):
+        pass
+    def device_name(self):
+        return "host standing in"
+
+backend, rank, init = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+runner = bench.TorchApiRunner(backend, HostAsDevice(), None)
+runner.init(init, rank, 2, 60.0)
+opts = bench.Options(
+    ops=list(bench.ALL_OPS), sizes=[8, 4096], dtype=bench.DTYPES["float32"], redop="sum",
+    root=1, iters=12, warmup=1, check=1, average=1, mintime=0.0, placement="both",
+    progress=False, json_path=None, command="test",
+)
+status = bench.run_benchmarks(runner, opts)
+runner.close()
+sys.exit(status)
+"""
+
+
+@pytest.mark.parametrize("backend", ["xccl", "gloo"])
+def test_device_paths_with_the_real_library(backend: str, tmp_path: Any) -> None:
+    """xccl's device path (async_op=True, Work.wait, the window, synchronize) and gloo's
+    staged send/recv against the real libraries, 2 ranks, every operation checked."""
+    import os
+
+    init = f"file://{tmp_path}/store"
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo"}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _RANK_SCRIPT, backend, str(r), init],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )
+        for r in range(2)
+    ]
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=120)[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(outs)
+    table = outs[0]
+    assert "device cuda:0" in table
+    assert table.count("# Out of bounds values : 0 OK") == len(bench.ALL_OPS), table

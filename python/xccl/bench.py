@@ -759,8 +759,9 @@ class TorchApiRunner(Runner):
         import torch
 
         d = self.dist
-        hs = torch.empty(sbuf.shape[0], dtype=sbuf.dtype, pin_memory=True)
-        hr = torch.empty(rbuf.shape[0], dtype=rbuf.dtype, pin_memory=True)
+        pin = torch.cuda.is_available()  # (the tests stage host "device" buffers without it)
+        hs = torch.empty(sbuf.shape[0], dtype=sbuf.dtype, pin_memory=pin)
+        hr = torch.empty(rbuf.shape[0], dtype=rbuf.dtype, pin_memory=pin)
         if op == "sendrecv":
             nxt, prv = (self.rank + 1) % self.size, (self.rank - 1) % self.size
 
