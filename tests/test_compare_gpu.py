@@ -291,3 +291,49 @@ def test_children_share_one_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
     assert cg.package_env()["CUDA_VISIBLE_DEVICES"] == "3"
     assert cg.package_env()["OMP_NUM_THREADS"] == "1"
+
+
+def test_copy_measurement_arithmetic_on_a_stand_in() -> None:
+    """The torch copy loop with torch's CUDA calls played by host tensors and a clock: rows
+    per size, bytes copied per second, the copy checked, the GPU facts."""
+    import time
+    from types import SimpleNamespace
+
+    torch = pytest.importorskip("torch")
+
+    class Event:
+        def __init__(self, enable_timing: bool = False) -> None:
+            assert enable_timing
+            self.t = 0.0
+
+        def record(self) -> None:
+            self.t = time.perf_counter()
+
+        def synchronize(self) -> None:
+            pass
+
+        def elapsed_time(self, end: Event) -> float:
+            return (end.t - self.t) * 1e3  # ms, as torch.cuda.Event
+
+    props = SimpleNamespace(
+        name="Stand-in", major=9, minor=0, multi_processor_count=132, total_memory=80 << 30
+    )
+    fake = SimpleNamespace(
+        __version__="2.11.0+cu130",
+        version=SimpleNamespace(cuda="13.0"),
+        device=lambda kind, index: torch.device("cpu"),
+        randint=torch.randint,
+        zeros_like=torch.zeros_like,
+        equal=torch.equal,
+        uint8=torch.uint8,
+        cuda=SimpleNamespace(Event=Event, get_device_properties=lambda dev: props),
+    )
+    data = cg._copy_torch(fake, [8, 4096, MiB], 0.002)
+    assert [r["size"] for r in data["rows"]] == [8, 4096, MiB]
+    for row in data["rows"]:
+        assert 5 <= row["iters"] <= 100_000
+        assert row["gbps"] == pytest.approx(row["size"] / (row["time_us"] / 1e6) / 1e9)
+    assert data["meta"]["gpu"] == "Stand-in" and data["meta"]["compute capability"] == "9.0"
+    assert data["meta"]["multiprocessors"] == 132
+    assert cg._iters_for(1e-3, 0.05) == 50 and cg._iters_for(0.0, 0.05) == 100_000
+    assert cg._iters_for(10.0, 0.05) == 5
