@@ -103,7 +103,7 @@ phase() {
     local t0 rc
     t0=$(date +%s)
     echo "\$ $*" > "$log"
-    timeout -k 15 "$t" "$@" >> "$log" 2>&1
+    timeout -k 15 "$t" "$@" < /dev/null >> "$log" 2>&1
     rc=$?
     local dt=$(($(date +%s) - t0)) status
     case $rc in
@@ -135,7 +135,9 @@ machine_facts() {
     echo "python: $("$PY" -c 'import sys; print(sys.version.split()[0])' 2>&1)"
     "$PY" -c 'import torch; print("torch:", torch.__version__, "cuda", torch.version.cuda)' 2>&1
     "$PY" -c 'import cupy; print("cupy:", cupy.__version__)' 2>&1 | tail -n 1
-    echo "nvcc: $(nvcc --version 2>&1 | tail -n 2 | head -n 1)"
+    local nvcc
+    nvcc=$(command -v nvcc || echo "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc")
+    echo "nvcc: $("$nvcc" --version 2>&1 | tail -n 2 | head -n 1) ($nvcc)"
     echo "gcc: $(gcc --version 2>&1 | head -n 1)"
     if command -v nvidia-smi > /dev/null 2>&1; then
         nvidia-smi --query-gpu=index,name,driver_version,memory.total,compute_cap --format=csv 2>&1
