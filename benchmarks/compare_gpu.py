@@ -28,9 +28,10 @@ capped (``--gloo-iters``, default 2 timed calls after one warm-up).
 Output (``--out``, default ./gpu-out/compare): ``gpu.md`` (machine, targets met or missed
 with the measured numbers, summary, one table per operation and rank count with the ratios
 xccl/gloo = t(gloo) / t(xccl) and xccl busbw / copy bandwidth), ``gpu.json`` (the same,
-machine-readable) and ``raw/`` (each run's table and JSON). The issue's targets, evaluated at
-np=2: 256 MiB all_reduce busbw at least half the copy bandwidth at 256 MiB; 8-byte all_reduce
-under 30 µs; every collective at least 20x gloo from 1 MiB.
+machine-readable) and ``gpu_raw/`` (each run's table and JSON, the copy's; a name of its own,
+so that ``--out benchmarks/results`` sits beside compare.py's files). The issue's targets,
+evaluated at np=2: 256 MiB all_reduce busbw at least half the copy bandwidth at 256 MiB;
+8-byte all_reduce under 30 µs; every collective at least 20x gloo from 1 MiB.
 
 ``--deadline SEC`` stops starting runs that could not end in time and cuts the last one short
 (its rows so far are read back from its log), so a fixed time limit still ends with a
@@ -730,7 +731,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         loops["gloo"] = dataclasses.replace(loops["gloo"], iters=args.gloo_iters)
     sizes_arg = ",".join(str(s) for s in sizes)
 
-    raw = os.path.join(args.out, "raw")
+    raw = os.path.join(args.out, "gpu_raw")
     os.makedirs(raw, exist_ok=True)
     env = package_env()
     info = cmp.machine_info()

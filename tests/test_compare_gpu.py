@@ -280,7 +280,7 @@ def test_orchestration_with_cpu_stand_ins(
         ("pingpong", 1024),
     ]
     assert all(r["wrong"] == 0 for r in run["rows"])
-    assert (out / "raw" / "xccl_np2.txt").exists()
+    assert (out / "gpu_raw" / "xccl_np2.txt").exists()
     text = (out / "gpu.md").read_text()
     assert "## all_reduce, np=2" in text and "| xccl np=2 | ok |" in text
 
