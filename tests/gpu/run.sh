@@ -182,12 +182,13 @@ else
 fi
 
 # ---- benchmark ------------------------------------------------------------------------------
-DEADLINE=$(($(left) - 15))
+# Its own deadline ends it first, with a report; ending the run in progress may take up to
+# 15 s more (SIGTERM, SIGKILL after 5 s); the timeout, 25 s after the deadline, is a backstop.
+DEADLINE=$(($(left) - 30))
 if [ "$DEADLINE" -lt 45 ]; then DEADLINE=45; fi
 COMPARE=("$PY" benchmarks/compare_gpu.py --np 2,4 --out "$OUT/compare" --deadline "$DEADLINE")
 if [ "$QUICK" = 1 ]; then COMPARE+=(--quick); fi
-# Its own deadline ends it first (with a report); the timeout is the backstop.
-phase compare $((DEADLINE + 20)) 0 "${COMPARE[@]}"
+phase compare $((DEADLINE + 25)) 0 "${COMPARE[@]}"
 
 # ---- summary --------------------------------------------------------------------------------
 {
