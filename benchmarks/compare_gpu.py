@@ -733,6 +733,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     raw = os.path.join(args.out, "gpu_raw")
     os.makedirs(raw, exist_ok=True)
+    # SIGTERM (a time limit's `timeout`): end the run in progress, skip the rest, still report.
+    signal.signal(signal.SIGTERM, cmp._on_signal)
     env = package_env()
     info = cmp.machine_info()
     info.update(nvidia_smi())
@@ -756,7 +758,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         _say(f"device copy: {copy_status}")
 
     runs = plan_runs(systems, nps, ops, sizes_arg, loops, raw, args.op_timeout, env)
-    signal.signal(signal.SIGTERM, cmp._on_signal)
     stopped = ""
     for i, run in enumerate(runs, 1):
         what = f"[{i}/{len(runs)}] {run.system} np={run.nranks}"
