@@ -370,11 +370,13 @@ def plan_runs(
 
 
 def run_timeout(
-    left: float, later: Sequence[str], cap: float, min_run: float = MIN_RUN_S
+    left: float, later: Sequence[str], cap: float, min_run: Optional[float] = None
 ) -> Optional[float]:
     """The timeout of the next run with `left` seconds to the deadline and the systems of the
-    runs after it in `later`: what leaves each of those its reserve, at least `min_run`,
-    never more than `left` or `cap`. None: too little time left to start it."""
+    runs after it in `later`: what leaves each of those its reserve, at least `min_run`
+    (default MIN_RUN_S), never more than `left` or `cap`. None: too little time left to
+    start it."""
+    min_run = MIN_RUN_S if min_run is None else min_run
     if left < min_run:
         return None
     reserve = sum(RESERVE_S.get(s, min_run) for s in later)

@@ -337,3 +337,33 @@ def test_copy_measurement_arithmetic_on_a_stand_in() -> None:
     assert data["meta"]["multiprocessors"] == 132
     assert cg._iters_for(1e-3, 0.05) == 50 and cg._iters_for(0.0, 0.05) == 100_000
     assert cg._iters_for(10.0, 0.05) == 5
+
+
+def test_deadline_cuts_a_hung_run_and_still_reports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run that never ends (a stand-in printing one table row, then sleeping) is stopped at
+    the deadline with its process group; the row its log shows is kept and the report is
+    written; the run after it is skipped."""
+    row = "8  2  float  sum  -1  N/A  N/A  N/A  N/A  12.50  0.001  0.001  0"  # in place
+    hang = f"import sys, time; print('# all_reduce'); print({row!r}, flush=True); time.sleep(300)"
+    monkeypatch.setattr(cg, "XCCL_BENCH", [sys.executable, "-c", hang])
+    monkeypatch.setattr(cg, "MIN_RUN_S", 1.0)
+    monkeypatch.setattr(cg, "RESERVE_S", {"xccl": 0.0, "gloo": 0.0})
+    monkeypatch.setattr(cg, "gpu_problem", lambda: None)
+    monkeypatch.setattr(cg, "xccl_cuda_facts", lambda env: {})
+    monkeypatch.setattr(
+        cg, "measure_copy", lambda sizes, mintime, raw, timeout, env: ({}, {}, "faked: none")
+    )
+    monkeypatch.setattr(cg.cmp, "machine_info", lambda: {"host": "test"})
+    out = tmp_path / "out"
+    argv = ["--np", "2", "--ops", "all_reduce", "--sizes", "8", "--out", str(out)]
+    assert cg.main([*argv, "--deadline", "3"]) == 0
+    data = json.loads((out / "gpu.json").read_text())
+    xccl, gloo = data["runs"]
+    assert xccl["status"].startswith("timed out") and "1 rows kept" in xccl["status"]
+    assert xccl["rows"][0]["time_us"] == 12.5 and xccl["seconds"] < 10
+    assert gloo["status"].startswith("skipped: deadline")
+    goals = {t["name"].split(" (")[0]: t for t in data["targets"]}
+    assert goals["8-byte all_reduce < 30 µs"]["verdict"] == "met"
+    assert "| xccl np=2 | timed out" in (out / "gpu.md").read_text()
