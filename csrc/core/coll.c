@@ -380,6 +380,52 @@ xccl_status_t xccl_task_reduce(xccl_task_t *t, void *dst, const void *a, const v
     return st;
 }
 
+int xccl_task_mem_shareable(xccl_mem_type_t mem)
+{
+    const xccl_exec_ops_t *ex = xccl_exec_for(mem);
+    return ex != NULL && ex->export_mem != NULL && ex->import_mem != NULL && ex->reduce_n != NULL;
+}
+
+_Static_assert(XCCL_TASK_BLOB_MAX == XCCL_EXEC_BLOB_MAX, "blob sizes of task.h and exec.h");
+_Static_assert(XCCL_TASK_REDUCE_MAX == XCCL_EXEC_REDUCE_MAX, "reduce_n bounds");
+
+xccl_status_t xccl_task_mem_export(xccl_task_t *t, const void *ptr, size_t nbytes, void *blob,
+                                   size_t *len)
+{
+    if (t->exec->export_mem == NULL)
+        return XCCL_ERROR(XCCL_ERR_NOT_SUPPORTED, "%s: the %s executor cannot share memory",
+                          t->work->name, t->exec->name);
+    return t->exec->export_mem(ptr, nbytes, blob, len);
+}
+
+xccl_status_t xccl_task_mem_import(xccl_task_t *t, const void *blob, size_t len, void **ptr)
+{
+    xccl_status_t st;
+
+    if (t->exec->import_mem == NULL)
+        return XCCL_ERROR(XCCL_ERR_NOT_SUPPORTED, "%s: the %s executor cannot map memory",
+                          t->work->name, t->exec->name);
+    st = t->exec->import_mem(blob, len, ptr);
+    return st < 0 ? task_exec_fail(&t->work->task, st, "mapping a peer's buffer") : st;
+}
+
+xccl_status_t xccl_task_reduce_n(xccl_task_t *t, void *dst, const void *const *srcs, int k,
+                                 size_t count)
+{
+    uint64_t      t0 = t->work->comm->trace_cap ? xccl_now_ns() : 0;
+    void         *ev = NULL;
+    xccl_status_t st;
+
+    if (t->exec->reduce_n == NULL || k < 2 || k > XCCL_TASK_REDUCE_MAX)
+        return XCCL_ERROR(XCCL_ERR_INTERNAL, "%s: reduce_n of %d sources on the %s executor",
+                          t->work->name, k, t->exec->name);
+    if (count == 0) return XCCL_OK;
+    st = t->exec->reduce_n(dst, srcs, k, count, t->args.dtype, t->args.op, &ev);
+    if (st != XCCL_OK) st = task_exec_result(&t->work->task, st, ev, "a reduction");
+    if (t0) xccl_trace_reduce(t, dst, count * t->args.elsize, t0);
+    return st;
+}
+
 xccl_status_t xccl_task_copy(xccl_task_t *t, void *dst, const void *src, size_t nbytes)
 {
     xccl_task_t  *root = &t->work->task; /* a sub-task's local work is in the Work's stream */

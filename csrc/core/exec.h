@@ -64,7 +64,27 @@ typedef struct xccl_exec_ops {
     xccl_status_t (*gate_new)(uint64_t *ticket);
     void (*gate_open)(uint64_t ticket);
     xccl_status_t (*gate_wait)(uint64_t ticket, void *stream);
+
+    /* ---- peer access (device executors whose memory other processes of the host can map;
+     * NULL elsewhere) ----
+     * export_mem: describes [ptr, ptr + nbytes) in at most XCCL_EXEC_BLOB_MAX bytes (*len) so
+     * that another process can map it; XCCL_ERR_NOT_SUPPORTED (no error recorded as a failure:
+     * callers fall back) when this memory cannot be shared, e.g. not from the allocator IPC
+     * works with. import_mem: maps what another process's export_mem described; *ptr is the
+     * start of that range. Mappings are cached by the executor (importing the same allocation
+     * again costs a lookup) and stay valid until the executor sees the exporter reuse the
+     * address range for another allocation, so a caller uses *ptr only while the exporter
+     * keeps the memory (its operation runs).
+     * reduce_n: dst = srcs[0] op srcs[1] op ... srcs[k-1], applied left to right (2 <= k <=
+     * XCCL_EXEC_REDUCE_MAX; dst may alias any source), asynchronous like reduce. */
+    xccl_status_t (*export_mem)(const void *ptr, size_t nbytes, void *blob, size_t *len);
+    xccl_status_t (*import_mem)(const void *blob, size_t len, void **ptr);
+    xccl_status_t (*reduce_n)(void *dst, const void *const *srcs, int k, size_t count,
+                              xccl_dtype_t dtype, xccl_op_t op, void **ev);
 } xccl_exec_ops_t;
+
+#define XCCL_EXEC_BLOB_MAX   128
+#define XCCL_EXEC_REDUCE_MAX 8
 
 /* The CPU executor (XCCL_MEM_HOST): synchronous. Callers may compare against it to take a
  * direct path (memcpy, the reduction kernels) without a call through the table. */

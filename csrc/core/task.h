@@ -278,6 +278,27 @@ struct xccl_algo {
  * readers check with acquire loads. The core adds no fences of its own to them (the one in
  * xccl_task_shared_signal orders the doorbell only).
  * ------------------------------------------------------------------------------------------- */
+/* Device memory of peers. Where the executor of args->mem can share memory between the
+ * processes of a host (xccl_task_mem_shareable), an algorithm may map a peer's operation
+ * buffers and copy or reduce from and into them with its executor: the rank exports a buffer
+ * (a blob of at most XCCL_TASK_BLOB_MAX bytes, which it hands to its peers - through the
+ * node-shared segment, say), each peer imports the blob and gets a pointer valid while the
+ * exporting rank's operation runs. Exporting may fail for a buffer the device cannot share
+ * (XCCL_ERR_NOT_SUPPORTED): every rank must then learn it and fall back the same way.
+ * Copies and reductions on mapped memory are the task's device work (xccl_task_test waits for
+ * them); an algorithm must not let a rank complete while a peer may still read or write its
+ * buffers (e.g. "done" flags). */
+#define XCCL_TASK_BLOB_MAX   128
+#define XCCL_TASK_REDUCE_MAX 8
+int           xccl_task_mem_shareable(xccl_mem_type_t mem);
+xccl_status_t xccl_task_mem_export(xccl_task_t *t, const void *ptr, size_t nbytes, void *blob,
+                                   size_t *len);
+xccl_status_t xccl_task_mem_import(xccl_task_t *t, const void *blob, size_t len, void **ptr);
+/* dst = srcs[0] op ... op srcs[k-1] over count elements (left to right, 2 <= k <=
+ * XCCL_TASK_REDUCE_MAX; dst may alias a source), on the task's executor, like xccl_task_reduce. */
+xccl_status_t xccl_task_reduce_n(xccl_task_t *t, void *dst, const void *const *srcs, int k,
+                                 size_t count);
+
 enum {
     XCCL_SHARED_SEG = 1u << 0, /* a shared segment (xccl_task_shared)                           */
     XCCL_SHARED_CMA = 1u << 1, /* xccl_task_peer_read between every pair                        */
