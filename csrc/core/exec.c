@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/check.h"
 #include "core/reduce.h"
 
 static xccl_status_t cpu_copy(void *dst, const void *src, size_t nbytes, void **ev)
@@ -57,7 +58,22 @@ static const xccl_exec_ops_t *exec_table[XCCL_MEM_TYPES] = {[XCCL_MEM_HOST] = &x
 
 const xccl_exec_ops_t *xccl_exec_for(xccl_mem_type_t mem)
 {
-    return (unsigned)mem < XCCL_MEM_TYPES ? exec_table[mem] : NULL;
+    return (unsigned)mem < XCCL_MEM_TYPES ? __atomic_load_n(&exec_table[mem], __ATOMIC_ACQUIRE)
+                                          : NULL;
+}
+
+xccl_status_t xccl_exec_register(const xccl_exec_ops_t *ops)
+{
+    if (ops == NULL || (unsigned)ops->mem >= XCCL_MEM_TYPES || ops->mem == XCCL_MEM_HOST)
+        return XCCL_ERROR(XCCL_ERR_INVALID_ARG, "exec: invalid executor to register");
+    if (exec_table[ops->mem] == ops) return XCCL_OK;
+    if (exec_table[ops->mem] != NULL)
+        return XCCL_ERROR(XCCL_ERR_INVALID_USAGE,
+                          "exec: an executor (%s) is already installed for this memory type",
+                          exec_table[ops->mem]->name);
+    /* readers (xccl_exec_for) may run in other threads: publish with release */
+    __atomic_store_n(&exec_table[ops->mem], ops, __ATOMIC_RELEASE);
+    return XCCL_OK;
 }
 
 const xccl_exec_ops_t *xccl_exec_set_for_test(xccl_mem_type_t mem, const xccl_exec_ops_t *ops)
