@@ -87,12 +87,15 @@ xccl_status_t xccl_cuda_exec_init(CUdevice dev)
     if (have_kernels() && module == NULL) {
         rc = xccl_cu.ModuleLoadData(&module, xccl_cuda_fatbin);
         if (rc != CUDA_SUCCESS) {
+            const char *en = NULL;
+
             module = NULL;
-            xccl_cuda_fail(rc, "cuModuleLoadData");
+            (void)xccl_cu.GetErrorName(rc, &en);
             return XCCL_ERROR(XCCL_ERR_CUDA,
                               "cuda: cannot load xccl's GPU kernels (compiled for %s) on this "
-                              "device: %s",
-                              xccl_cuda_kernel_archs(), xccl_last_error());
+                              "device: cuModuleLoadData: %s (a driver older than the CUDA "
+                              "compiler, or a GPU older than sm_75?)",
+                              xccl_cuda_kernel_archs(), en != NULL ? en : "?");
         }
     }
     if (!gates_ready) {
@@ -117,6 +120,20 @@ xccl_status_t xccl_cuda_exec_init(CUdevice dev)
         gates_ready = 1;
     }
     return XCCL_OK;
+}
+
+void xccl_cuda_exec_fini(void)
+{
+    if (gates_ready) {
+        xccl_gates_fini(&gates);
+        (void)xccl_cu.MemFreeHost(gate_host);
+        gate_host   = NULL;
+        gate_dev    = 0;
+        gates_ready = 0;
+    }
+    if (module != NULL) (void)xccl_cu.ModuleUnload(module);
+    module = NULL;
+    memset(fn_cache, 0, sizeof fn_cache);
 }
 
 /* ---------------------------------------------------------------------------------------------

@@ -18,6 +18,8 @@ extern const xccl_exec_ops_t xccl_exec_cuda;
 /* Called by xccl_cuda_set_device with the device's primary context current: loads the kernels'
  * module, allocates the gates, reads the device's limits. */
 xccl_status_t xccl_cuda_exec_init(CUdevice dev);
+/* Undoes xccl_cuda_exec_init (its failure path: the context is about to be released). */
+void xccl_cuda_exec_fini(void);
 
 /* The GPU code compiled into this build ("sm_75 ... compute_121"; "" without kernels) and why
  * there are no kernels ("" when there are). */

@@ -242,7 +242,10 @@ static xccl_status_t device_open(int ordinal)
     dev_ctx    = ctx;
     dev_stream = s;
     st         = xccl_cuda_exec_init(d);
-    if (st != XCCL_OK) goto fail;
+    if (st != XCCL_OK) {
+        xccl_cuda_exec_fini();
+        goto fail;
+    }
     if (prev != NULL && prev != ctx) (void)xccl_cu.CtxSetCurrent(prev);
     return XCCL_OK;
 
