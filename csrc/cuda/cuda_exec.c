@@ -53,18 +53,18 @@ const char *xccl_cuda_kernel_why(void)
  * State (set once by xccl_cuda_exec_init, before the executor is registered)
  * ------------------------------------------------------------------------------------------- */
 
-#define THREADS      256
-#define GATE_WORDS   4096u
-#define NOPS         7 /* base operators */
+#define THREADS    256
+#define GATE_WORDS 4096u
+#define NOPS       7 /* base operators */
 
 enum { K_REDUCE2, K_REDUCE_N, K_SCALE, K_DIVIDE, K_KINDS };
 
-static CUmodule      module;
-static unsigned int  max_blocks = 1;
-static xccl_gates_t  gates;
-static uint32_t     *gate_host;
-static CUdeviceptr   gate_dev;
-static int           gates_ready;
+static CUmodule     module;
+static unsigned int max_blocks = 1;
+static xccl_gates_t gates;
+static uint32_t    *gate_host;
+static CUdeviceptr  gate_dev;
+static int          gates_ready;
 
 /* kernel cache: [kind][dtype][op] (scale/divide: op 0) */
 static pthread_mutex_t fn_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -146,7 +146,7 @@ static const char *const dt_names[XCCL_DTYPE_COUNT] = {
     [XCCL_FLOAT16] = "f16", [XCCL_BFLOAT16] = "bf16", [XCCL_FLOAT32] = "f32",
     [XCCL_FLOAT64] = "f64", [XCCL_COMPLEX64] = "c64", [XCCL_COMPLEX128] = "c128",
 };
-static const char *const op_names[NOPS] = {"sum", "prod", "min", "max", "and", "or", "xor"};
+static const char *const op_names[NOPS]      = {"sum", "prod", "min", "max", "and", "or", "xor"};
 static const char *const kind_names[K_KINDS] = {"reduce2", "reduce_n", "scale", "divide"};
 
 static int is_int(xccl_dtype_t dt)
@@ -176,11 +176,17 @@ static void canonical(xccl_dtype_t *dt, xccl_op_t *op, size_t *count)
         switch (*op) {
         case XCCL_OP_SUM:
         case XCCL_OP_MAX:
-        case XCCL_OP_BOR: *op = XCCL_OP_BOR; break;
+        case XCCL_OP_BOR:
+            *op = XCCL_OP_BOR;
+            break;
         case XCCL_OP_PROD:
         case XCCL_OP_MIN:
-        case XCCL_OP_BAND: *op = XCCL_OP_BAND; break;
-        default: *op = XCCL_OP_BXOR; break;
+        case XCCL_OP_BAND:
+            *op = XCCL_OP_BAND;
+            break;
+        default:
+            *op = XCCL_OP_BXOR;
+            break;
         }
     }
 }
@@ -216,7 +222,7 @@ static xccl_status_t kernel(int kind, xccl_dtype_t dt, xccl_op_t op, CUfunction 
 /* Blocks for `count` elements of `esize` bytes: one thread per 16 bytes, capped (grid-stride). */
 static unsigned int blocks_for(size_t count, size_t esize)
 {
-    size_t per = esize >= 16 ? 1 : 16 / esize;
+    size_t per   = esize >= 16 ? 1 : 16 / esize;
     size_t units = (count + per - 1) / per;
     size_t b     = (units + THREADS - 1) / THREADS;
 
@@ -227,8 +233,8 @@ static unsigned int blocks_for(size_t count, size_t esize)
 static xccl_status_t launch(CUfunction f, size_t count, size_t esize, void **args, CUstream s,
                             const char *what)
 {
-    CUresult rc = xccl_cu.LaunchKernel(f, blocks_for(count, esize), 1, 1, THREADS, 1, 1, 0, s,
-                                       args, NULL);
+    CUresult rc =
+        xccl_cu.LaunchKernel(f, blocks_for(count, esize), 1, 1, THREADS, 1, 1, 0, s, args, NULL);
 
     return rc == CUDA_SUCCESS ? XCCL_OK : xccl_cuda_fail(rc, what);
 }
@@ -262,8 +268,7 @@ static xccl_status_t check_ptrs(const char *what, const void *const *p, int n, x
     size_t al = elem_align(dt);
 
     for (int i = 0; i < n; i++) {
-        if (p[i] == NULL)
-            return XCCL_ERROR(XCCL_ERR_INVALID_ARG, "cuda %s: NULL buffer", what);
+        if (p[i] == NULL) return XCCL_ERROR(XCCL_ERR_INVALID_ARG, "cuda %s: NULL buffer", what);
         if ((uintptr_t)p[i] % al != 0)
             return XCCL_ERROR(XCCL_ERR_INVALID_ARG,
                               "cuda %s: buffer %p is not aligned to its %s elements (%zu bytes)",
@@ -357,8 +362,8 @@ static xccl_status_t cu_reduce(void *dst, const void *a, const void *b, size_t c
 }
 
 /* scale (divide 0) or divide (1); complex maps to its float component type */
-static xccl_status_t cu_map(int kind, void *dst, const void *src, size_t count,
-                            xccl_dtype_t dtype, double factor, int dn, void **ev)
+static xccl_status_t cu_map(int kind, void *dst, const void *src, size_t count, xccl_dtype_t dtype,
+                            double factor, int dn, void **ev)
 {
     const char *what    = kind == K_SCALE ? "scale" : "divide";
     const void *ptrs[2] = {dst, src};
@@ -398,8 +403,8 @@ static xccl_status_t cu_scale(void *dst, const void *src, size_t count, xccl_dty
     return cu_map(K_SCALE, dst, src, count, dtype, factor, 1, ev);
 }
 
-static xccl_status_t cu_divide(void *dst, const void *src, size_t count, xccl_dtype_t dtype,
-                               int n, void **ev)
+static xccl_status_t cu_divide(void *dst, const void *src, size_t count, xccl_dtype_t dtype, int n,
+                               void **ev)
 {
     return cu_map(K_DIVIDE, dst, src, count, dtype, 0.0, n, ev);
 }
@@ -534,7 +539,8 @@ xccl_status_t xccl_cuda_reduce_n(void *dst, const void *const *srcs, int k, size
     if (count == 0) return XCCL_OK;
     ptrs[0] = dst;
     memset(&s, 0, sizeof s);
-    for (int j = 0; j < k; j++) ptrs[j + 1] = s.p[j] = srcs[j];
+    for (int j = 0; j < k; j++)
+        ptrs[j + 1] = s.p[j] = srcs[j];
     XCCL_CHECK(check_ptrs("reduce_n", ptrs, k + 1, dtype));
     XCCL_CHECK(xccl_cuda_enter());
     if (stream == NULL) stream = xccl_cuda_stream();
@@ -545,7 +551,7 @@ xccl_status_t xccl_cuda_reduce_n(void *dst, const void *const *srcs, int k, size
         return rc == CUDA_SUCCESS ? XCCL_OK : xccl_cuda_fail(rc, "cuMemcpyAsync");
     }
     if (k == 1) { /* bool: normalised to 0/1 (s0 or s0), as xccl_reduce_n */
-        const void *s0 = srcs[0];
+        const void *s0     = srcs[0];
         void       *args[] = {&dst, &s0, &s0, &n};
 
         XCCL_CHECK(kernel(K_REDUCE2, XCCL_BOOL, XCCL_OP_BOR, &f));

@@ -27,50 +27,50 @@ xccl_cu_t xccl_cu;
 /* Each name is what cuda.h's macros turn the API's name into (cuMemAlloc -> "cuMemAlloc_v2",
  * cuStreamWaitValue32 -> "cuStreamWaitValue32_v2"): the versioned entry point whose signature
  * the header declares, so the pointer's type in xccl_cu_t is the one the driver implements. */
-#define CU_SYMS(X) \
-    X(Init, cuInit) \
-    X(DriverGetVersion, cuDriverGetVersion) \
-    X(GetErrorName, cuGetErrorName) \
-    X(GetErrorString, cuGetErrorString) \
-    X(DeviceGet, cuDeviceGet) \
-    X(DeviceGetCount, cuDeviceGetCount) \
-    X(DeviceGetName, cuDeviceGetName) \
-    X(DeviceGetAttribute, cuDeviceGetAttribute) \
-    X(DevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain) \
-    X(DevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease) \
-    X(CtxGetCurrent, cuCtxGetCurrent) \
-    X(CtxSetCurrent, cuCtxSetCurrent) \
-    X(StreamCreateWithPriority, cuStreamCreateWithPriority) \
-    X(StreamDestroy, cuStreamDestroy) \
-    X(StreamWaitEvent, cuStreamWaitEvent) \
-    X(StreamWaitValue32, cuStreamWaitValue32) \
-    X(StreamSynchronize, cuStreamSynchronize) \
-    X(StreamQuery, cuStreamQuery) \
-    X(EventCreate, cuEventCreate) \
-    X(EventDestroy, cuEventDestroy) \
-    X(EventRecord, cuEventRecord) \
-    X(EventQuery, cuEventQuery) \
-    X(EventSynchronize, cuEventSynchronize) \
-    X(EventElapsedTime, cuEventElapsedTime) \
-    X(MemAlloc, cuMemAlloc) \
-    X(MemFree, cuMemFree) \
-    X(MemHostAlloc, cuMemHostAlloc) \
-    X(MemFreeHost, cuMemFreeHost) \
-    X(MemHostGetDevicePointer, cuMemHostGetDevicePointer) \
-    X(MemHostRegister, cuMemHostRegister) \
-    X(MemHostUnregister, cuMemHostUnregister) \
-    X(MemcpyAsync, cuMemcpyAsync) \
-    X(MemsetD8Async, cuMemsetD8Async) \
-    X(MemGetAddressRange, cuMemGetAddressRange) \
-    X(PointerGetAttribute, cuPointerGetAttribute) \
-    X(PointerGetAttributes, cuPointerGetAttributes) \
-    X(IpcGetMemHandle, cuIpcGetMemHandle) \
-    X(IpcOpenMemHandle, cuIpcOpenMemHandle) \
-    X(IpcCloseMemHandle, cuIpcCloseMemHandle) \
-    X(ModuleLoadData, cuModuleLoadData) \
-    X(ModuleUnload, cuModuleUnload) \
-    X(ModuleGetFunction, cuModuleGetFunction) \
-    X(LaunchKernel, cuLaunchKernel) \
+#define CU_SYMS(X)                                                                                 \
+    X(Init, cuInit)                                                                                \
+    X(DriverGetVersion, cuDriverGetVersion)                                                        \
+    X(GetErrorName, cuGetErrorName)                                                                \
+    X(GetErrorString, cuGetErrorString)                                                            \
+    X(DeviceGet, cuDeviceGet)                                                                      \
+    X(DeviceGetCount, cuDeviceGetCount)                                                            \
+    X(DeviceGetName, cuDeviceGetName)                                                              \
+    X(DeviceGetAttribute, cuDeviceGetAttribute)                                                    \
+    X(DevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain)                                            \
+    X(DevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease)                                          \
+    X(CtxGetCurrent, cuCtxGetCurrent)                                                              \
+    X(CtxSetCurrent, cuCtxSetCurrent)                                                              \
+    X(StreamCreateWithPriority, cuStreamCreateWithPriority)                                        \
+    X(StreamDestroy, cuStreamDestroy)                                                              \
+    X(StreamWaitEvent, cuStreamWaitEvent)                                                          \
+    X(StreamWaitValue32, cuStreamWaitValue32)                                                      \
+    X(StreamSynchronize, cuStreamSynchronize)                                                      \
+    X(StreamQuery, cuStreamQuery)                                                                  \
+    X(EventCreate, cuEventCreate)                                                                  \
+    X(EventDestroy, cuEventDestroy)                                                                \
+    X(EventRecord, cuEventRecord)                                                                  \
+    X(EventQuery, cuEventQuery)                                                                    \
+    X(EventSynchronize, cuEventSynchronize)                                                        \
+    X(EventElapsedTime, cuEventElapsedTime)                                                        \
+    X(MemAlloc, cuMemAlloc)                                                                        \
+    X(MemFree, cuMemFree)                                                                          \
+    X(MemHostAlloc, cuMemHostAlloc)                                                                \
+    X(MemFreeHost, cuMemFreeHost)                                                                  \
+    X(MemHostGetDevicePointer, cuMemHostGetDevicePointer)                                          \
+    X(MemHostRegister, cuMemHostRegister)                                                          \
+    X(MemHostUnregister, cuMemHostUnregister)                                                      \
+    X(MemcpyAsync, cuMemcpyAsync)                                                                  \
+    X(MemsetD8Async, cuMemsetD8Async)                                                              \
+    X(MemGetAddressRange, cuMemGetAddressRange)                                                    \
+    X(PointerGetAttribute, cuPointerGetAttribute)                                                  \
+    X(PointerGetAttributes, cuPointerGetAttributes)                                                \
+    X(IpcGetMemHandle, cuIpcGetMemHandle)                                                          \
+    X(IpcOpenMemHandle, cuIpcOpenMemHandle)                                                        \
+    X(IpcCloseMemHandle, cuIpcCloseMemHandle)                                                      \
+    X(ModuleLoadData, cuModuleLoadData)                                                            \
+    X(ModuleUnload, cuModuleUnload)                                                                \
+    X(ModuleGetFunction, cuModuleGetFunction)                                                      \
+    X(LaunchKernel, cuLaunchKernel)                                                                \
     /* end */
 #define SYM_STR_(x)     #x
 #define SYM_STR(x)      SYM_STR_(x)
@@ -80,14 +80,14 @@ static const struct {
     const char *name;
 } cu_syms[] = {CU_SYMS(SYM)};
 /* each pointer in xccl_cu_t has the type of the function the header declares under that name */
-#define SYM_TYPE(field, api)                                                                      \
-    _Static_assert(__builtin_types_compatible_p(__typeof__(&api), __typeof__(xccl_cu.field)),    \
+#define SYM_TYPE(field, api)                                                                       \
+    _Static_assert(__builtin_types_compatible_p(__typeof__(&api), __typeof__(xccl_cu.field)),      \
                    "xccl_cu_t." #field " does not match " SYM_STR(api));
 CU_SYMS(SYM_TYPE)
 #undef SYM_TYPE
 #undef SYM
 
-static pthread_once_t load_once = PTHREAD_ONCE_INIT;
+static pthread_once_t load_once   = PTHREAD_ONCE_INIT;
 static xccl_status_t  load_status = XCCL_ERR_NOT_SUPPORTED;
 static char           load_err[256];
 static int            driver_version;
@@ -173,7 +173,7 @@ xccl_status_t xccl_cuda_fail(CUresult rc, const char *what)
  * The device, its context, xccl's stream
  * ------------------------------------------------------------------------------------------- */
 
-static pthread_mutex_t dev_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t dev_mu      = PTHREAD_MUTEX_INITIALIZER;
 static _Atomic int     dev_ordinal = -1; /* set last, with release, once all below is ready */
 static CUdevice        dev;
 static CUcontext       dev_ctx;
@@ -208,7 +208,7 @@ static xccl_status_t device_open(int ordinal)
 {
     CUdevice      d;
     CUcontext     ctx = NULL, prev = NULL;
-    CUstream      s   = NULL;
+    CUstream      s = NULL;
     CUresult      rc;
     xccl_status_t st;
 
@@ -220,11 +220,10 @@ static xccl_status_t device_open(int ordinal)
         st = xccl_cuda_fail(rc, "cuCtxSetCurrent");
         goto fail;
     }
-    rc = xccl_cu.DeviceGetAttribute(&dev_cc_major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
-                                    d);
+    rc = xccl_cu.DeviceGetAttribute(&dev_cc_major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, d);
     if (rc == CUDA_SUCCESS)
-        rc = xccl_cu.DeviceGetAttribute(&dev_cc_minor,
-                                        CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, d);
+        rc = xccl_cu.DeviceGetAttribute(&dev_cc_minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+                                        d);
     if (rc == CUDA_SUCCESS) rc = xccl_cu.DeviceGetName(dev_name, (int)sizeof dev_name, d);
     if (rc != CUDA_SUCCESS) {
         st = xccl_cuda_fail(rc, "cuDeviceGetAttribute");
@@ -265,8 +264,8 @@ xccl_status_t xccl_cuda_set_device(int device)
 
     XCCL_CHECK(xccl_cuda_load());
     if (device < 0 || device >= device_count)
-        return XCCL_ERROR(XCCL_ERR_INVALID_ARG, "cuda: no device %d (this process sees %d)",
-                          device, device_count);
+        return XCCL_ERROR(XCCL_ERR_INVALID_ARG, "cuda: no device %d (this process sees %d)", device,
+                          device_count);
     pthread_mutex_lock(&dev_mu);
     cur = xccl_cuda_device();
     if (cur == device) {
@@ -371,29 +370,33 @@ void xccl_cuda_info(xccl_cuda_info_t *out)
 static const char *mem_type_name(unsigned int t)
 {
     switch (t) {
-    case CU_MEMORYTYPE_HOST: return "host memory";
-    case CU_MEMORYTYPE_DEVICE: return "device memory";
-    case CU_MEMORYTYPE_ARRAY: return "a CUDA array";
-    case CU_MEMORYTYPE_UNIFIED: return "unified memory";
-    default: return "memory unknown to CUDA";
+    case CU_MEMORYTYPE_HOST:
+        return "host memory";
+    case CU_MEMORYTYPE_DEVICE:
+        return "device memory";
+    case CU_MEMORYTYPE_ARRAY:
+        return "a CUDA array";
+    case CU_MEMORYTYPE_UNIFIED:
+        return "unified memory";
+    default:
+        return "memory unknown to CUDA";
     }
 }
 
 xccl_status_t xccl_cuda_check_ptr(const void *ptr, size_t nbytes)
 {
-    CUpointer_attribute attrs[5] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-                                    CU_POINTER_ATTRIBUTE_IS_MANAGED,
-                                    CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-                                    CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
-                                    CU_POINTER_ATTRIBUTE_RANGE_SIZE};
-    unsigned int        mtype   = 0, managed = 0;
-    int                 ordinal = -1;
-    CUdeviceptr         start   = 0;
-    size_t              size    = 0;
-    void               *data[5] = {&mtype, &managed, &ordinal, &start, &size};
-    CUdeviceptr         p       = (CUdeviceptr)(uintptr_t)ptr;
-    int                 d       = xccl_cuda_device();
-    CUresult            rc;
+    CUpointer_attribute attrs[5] = {
+        CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_IS_MANAGED,
+        CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+        CU_POINTER_ATTRIBUTE_RANGE_SIZE};
+    unsigned int mtype = 0, managed = 0;
+    int          ordinal = -1;
+    CUdeviceptr  start   = 0;
+    size_t       size    = 0;
+    void        *data[5] = {&mtype, &managed, &ordinal, &start, &size};
+    CUdeviceptr  p       = (CUdeviceptr)(uintptr_t)ptr;
+    int          d       = xccl_cuda_device();
+    CUresult     rc;
 
     if (d < 0)
         return XCCL_ERROR(XCCL_ERR_INVALID_USAGE,

@@ -25,7 +25,8 @@ xccl_status_t xccl_gates_init(xccl_gates_t *g, uint32_t *words, uint32_t n)
     }
     /* the words are plain memory until now; from here on only accessed atomically */
     g->words = (_Atomic uint32_t *)(void *)words;
-    for (uint32_t w = 0; w < n; w++) atomic_store_explicit(&g->words[w], w, memory_order_relaxed);
+    for (uint32_t w = 0; w < n; w++)
+        atomic_store_explicit(&g->words[w], w, memory_order_relaxed);
     atomic_thread_fence(memory_order_release);
     g->n    = n;
     g->next = n;

@@ -7,5 +7,5 @@
 #include <stddef.h>
 
 _Alignas(16) const unsigned char xccl_cuda_fatbin[16] = {0x50, 0xed, 0x55, 0xba};
-const size_t xccl_cuda_fatbin_size = sizeof xccl_cuda_fatbin;
-const char   xccl_cuda_archs[]     = "host (fake driver)";
+const size_t xccl_cuda_fatbin_size                    = sizeof xccl_cuda_fatbin;
+const char   xccl_cuda_archs[]                        = "host (fake driver)";

@@ -78,9 +78,11 @@ static void test_basic(void)
     xccl_gates_open(&g, 21u);
     CHECK(xccl_gates_is_open(&g, 21u) && xccl_gates_is_open(&g, t[5]));
     CHECK(!xccl_gates_is_open(&g, 18u));
-    for (int i = 0; i < 8; i++) xccl_gates_open(&g, t[i]);
+    for (int i = 0; i < 8; i++)
+        xccl_gates_open(&g, t[i]);
     xccl_gates_open(&g, 18u);
-    for (int i = 0; i < 8; i++) CHECK(xccl_gates_is_open(&g, t[i]));
+    for (int i = 0; i < 8; i++)
+        CHECK(xccl_gates_is_open(&g, t[i]));
     CHECK(xccl_gates_is_open(&g, 18u) && xccl_gates_is_open(&g, 21u));
     xccl_gates_fini(&g);
 }
@@ -95,8 +97,10 @@ static void test_wrap(void)
 
     CHECK(xccl_gates_init(&g, words, 4) == XCCL_OK);
     g.next = UINT32_MAX - 9; /* 0xfffffff6: word 2 */
-    for (int w = 0; w < 4; w++) atomic_store(&g.words[w], UINT32_MAX - 13 + (uint32_t)w);
-    for (int w = 0; w < 4; w++) prev[w] = atomic_load(&g.words[w]);
+    for (int w = 0; w < 4; w++)
+        atomic_store(&g.words[w], UINT32_MAX - 13 + (uint32_t)w);
+    for (int w = 0; w < 4; w++)
+        prev[w] = atomic_load(&g.words[w]);
     for (int i = 0; i < 24; i++) {
         CHECK(xccl_gates_new(&g, &t) == XCCL_OK);
         CHECK(t == UINT32_MAX - 9 + (uint32_t)i); /* no word busy: no skip, wraps to 0, 1, ... */
@@ -127,7 +131,8 @@ static void *churn(void *arg)
 
         for (; n < 3; n++)
             if (xccl_gates_new(&shared_g, &t[n]) != XCCL_OK) break;
-        for (int j = 0; j < n; j++) bad += xccl_gates_is_open(&shared_g, t[j]);
+        for (int j = 0; j < n; j++)
+            bad += xccl_gates_is_open(&shared_g, t[j]);
         for (int j = 0; j < n; j++) {
             xccl_gates_open(&shared_g, t[j]);
             bad += !xccl_gates_is_open(&shared_g, t[j]);
@@ -143,7 +148,8 @@ static void test_threads(void)
     void     *r[2];
 
     CHECK(xccl_gates_init(&shared_g, shared_words, 64) == XCCL_OK);
-    for (int i = 0; i < 2; i++) CHECK(pthread_create(&th[i], NULL, churn, NULL) == 0);
+    for (int i = 0; i < 2; i++)
+        CHECK(pthread_create(&th[i], NULL, churn, NULL) == 0);
     for (int i = 0; i < 2; i++) {
         CHECK(pthread_join(th[i], &r[i]) == 0);
         CHECK_MSG(r[i] == NULL, "thread %d: %ld wrong gate states", i, (long)(intptr_t)r[i]);

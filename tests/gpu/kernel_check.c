@@ -79,8 +79,10 @@ static void wait_ev(void *ev, const char *what)
  * in an unspecified order) */
 static void run(xccl_status_t st, void *const *ev, const char *what)
 {
-    if (st == XCCL_INPROGRESS) wait_ev(*ev, what);
-    else if (st != XCCL_OK) die(what);
+    if (st == XCCL_INPROGRESS)
+        wait_ev(*ev, what);
+    else if (st != XCCL_OK)
+        die(what);
 }
 
 static void put(void *dev, const void *host, size_t n)
@@ -110,12 +112,15 @@ static void fill(unsigned char *p, size_t n, xccl_dtype_t dt)
 {
     size_t es = xccl_dtype_size(dt);
 
-    for (size_t i = 0; i < n * es; i++) p[i] = (unsigned char)rnd();
+    for (size_t i = 0; i < n * es; i++)
+        p[i] = (unsigned char)rnd();
     for (size_t i = 0; i < n; i++) {
-        int nice = rnd() % 2 == 0;
-        float v  = (float)((int)(rnd() % 2001) - 1000) / 8.0f; /* exact in every float type */
+        int   nice = rnd() % 2 == 0;
+        float v    = (float)((int)(rnd() % 2001) - 1000) / 8.0f; /* exact in every float type */
         switch (dt) {
-        case XCCL_BOOL: p[i] = rnd() % 3 == 0 ? 0 : p[i]; break;
+        case XCCL_BOOL:
+            p[i] = rnd() % 3 == 0 ? 0 : p[i];
+            break;
         case XCCL_FLOAT16:
             if (nice) ((uint16_t *)p)[i] = xccl_float_to_half(v / 4);
             break;
@@ -145,13 +150,22 @@ static int comp_nan(xccl_dtype_t dt, const unsigned char *p, size_t i)
     double   d;
 
     switch (dt) {
-    case XCCL_FLOAT16: memcpy(&h, p + 2 * i, 2); return (h & 0x7fffu) > 0x7c00u;
-    case XCCL_BFLOAT16: memcpy(&h, p + 2 * i, 2); return (h & 0x7fffu) > 0x7f80u;
+    case XCCL_FLOAT16:
+        memcpy(&h, p + 2 * i, 2);
+        return (h & 0x7fffu) > 0x7c00u;
+    case XCCL_BFLOAT16:
+        memcpy(&h, p + 2 * i, 2);
+        return (h & 0x7fffu) > 0x7f80u;
     case XCCL_FLOAT32:
-    case XCCL_COMPLEX64: memcpy(&f, p + 4 * i, 4); return isnan(f);
+    case XCCL_COMPLEX64:
+        memcpy(&f, p + 4 * i, 4);
+        return isnan(f);
     case XCCL_FLOAT64:
-    case XCCL_COMPLEX128: memcpy(&d, p + 8 * i, 8); return isnan(d);
-    default: return 0;
+    case XCCL_COMPLEX128:
+        memcpy(&d, p + 8 * i, 8);
+        return isnan(d);
+    default:
+        return 0;
     }
 }
 
@@ -172,12 +186,15 @@ static void compare(const char *what, xccl_dtype_t dt, const char *opname, size_
     if (bad == 0) return;
     nbad++;
     if (nbad <= 20) {
-        fprintf(stderr, "MISMATCH %s %s %s n=%zu offs=(%d,%d,%d): %zu components differ, first "
-                        "at %zu: expected ",
+        fprintf(stderr,
+                "MISMATCH %s %s %s n=%zu offs=(%d,%d,%d): %zu components differ, first "
+                "at %zu: expected ",
                 what, xccl_dtype_name(dt), opname, n, offs[0], offs[1], offs[2], bad, first);
-        for (size_t k = 0; k < cs; k++) fprintf(stderr, "%02x", exp[first * cs + cs - 1 - k]);
+        for (size_t k = 0; k < cs; k++)
+            fprintf(stderr, "%02x", exp[first * cs + cs - 1 - k]);
         fprintf(stderr, " got ");
-        for (size_t k = 0; k < cs; k++) fprintf(stderr, "%02x", got[first * cs + cs - 1 - k]);
+        for (size_t k = 0; k < cs; k++)
+            fprintf(stderr, "%02x", got[first * cs + cs - 1 - k]);
         fprintf(stderr, "\n");
     }
 }
@@ -302,7 +319,7 @@ static void check_copies(void)
     int                 o[3] = {0, 0, 0};
 
     for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
-        size_t n = ns[i];
+        size_t n  = ns[i];
         void  *ev = NULL;
 
         fill(h_in[0], n, XCCL_UINT8);
@@ -428,7 +445,6 @@ int main(void)
     free(h_ref);
     free(h_out);
     printf("kernel_check: %ld cases, %ld mismatches on %s (sm_%d%d; kernels %s) in %.1f s\n",
-           ncases, nbad, info.device_name, info.cc_major, info.cc_minor, info.archs,
-           now_s() - t0);
+           ncases, nbad, info.device_name, info.cc_major, info.cc_minor, info.archs, now_s() - t0);
     return nbad != 0;
 }
