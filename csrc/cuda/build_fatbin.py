@@ -162,6 +162,8 @@ def find_nvcc(cuda_home: str | None) -> str | None:
     """nvcc from $NVCC, <cuda_home>/bin, or PATH."""
     env = os.environ.get("NVCC")
     if env:
+        if not os.access(env, os.X_OK):
+            raise SystemExit(f"NVCC={env!r} is not an executable file")
         return env
     if cuda_home and os.access(os.path.join(cuda_home, "bin", "nvcc"), os.X_OK):
         return os.path.join(cuda_home, "bin", "nvcc")

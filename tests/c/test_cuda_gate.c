@@ -193,6 +193,68 @@ static void test_no_driver(void)
     CHECK(!info.loaded && info.device == -1);
 }
 
+#if defined(XCCL_HAVE_CUDA) && defined(FAKE_CUDA_LIB)
+/* With a driver (the fake one, fake_cuda.cc) and no GPU kernels linked (this test links no
+ * fatbin): the device is chosen, copies work, reductions say why they cannot run;
+ * xccl_cuda_check_ptr tells device memory from the rest. */
+static void test_fake_driver(void)
+{
+    xccl_cuda_info_t       info;
+    const xccl_exec_ops_t *ex;
+    void                  *d = NULL, *ev = NULL;
+    int                    host[4] = {1, 2, 3, 4}, back[4] = {0};
+    xccl_status_t          st;
+
+    CHECK(xccl_cuda_check_ptr(host, sizeof host) == XCCL_ERR_INVALID_USAGE); /* no device yet */
+    CHECK(xccl_cuda_set_device(1) == XCCL_ERR_INVALID_ARG);
+    CHECK(strstr(xccl_last_error(), "no device 1") != NULL);
+    CHECK(xccl_cuda_set_device(0) == XCCL_OK);
+    CHECK(xccl_cuda_set_device(0) == XCCL_OK); /* again: nothing */
+    xccl_cuda_info(&info);
+    CHECK(info.built && info.loaded && info.ndevices == 1 && info.device == 0);
+    CHECK(info.driver_version == 13000 && info.cc_major == 9 && info.cc_minor == 0);
+    CHECK(strcmp(info.device_name, "fake GPU") == 0);
+    CHECK(info.archs[0] == '\0');
+    CHECK_MSG(strstr(info.why, "without the GPU kernels") != NULL, "why: %s", info.why);
+    ex = xccl_exec_for(XCCL_MEM_CUDA);
+    CHECK(ex != NULL && strcmp(ex->name, "cuda") == 0);
+    if (ex == NULL) return;
+    d = ex->alloc(64);
+    CHECK(d != NULL);
+    if (d == NULL) return;
+    CHECK(xccl_cuda_check_ptr(d, 64) == XCCL_OK);
+    CHECK(xccl_cuda_check_ptr((char *)d + 16, 48) == XCCL_OK);
+    CHECK(xccl_cuda_check_ptr((char *)d + 16, 49) == XCCL_ERR_INVALID_ARG);
+    CHECK(strstr(xccl_last_error(), "not inside one allocation") != NULL);
+    CHECK(xccl_cuda_check_ptr(host, sizeof host) == XCCL_ERR_INVALID_ARG);
+    CHECK(strstr(xccl_last_error(), "not memory CUDA knows") != NULL);
+    CHECK(xccl_cuda_check_ptr(NULL, 4) == XCCL_ERR_INVALID_ARG);
+    /* copies: queued, completed by test */
+    st = ex->copy(d, host, sizeof host, &ev);
+    CHECK(st == XCCL_INPROGRESS && ev != NULL);
+    if (st == XCCL_INPROGRESS) CHECK(ex->test(ev) == XCCL_OK);
+    st = ex->copy(back, d, sizeof back, &ev);
+    if (st == XCCL_INPROGRESS) CHECK(ex->test(ev) == XCCL_OK);
+    CHECK(memcmp(host, back, sizeof host) == 0);
+    CHECK(ex->copy(d, d, 64, &ev) == XCCL_OK && ev == NULL); /* nothing to do: no event */
+    CHECK(ex->copy(d, host, 0, &ev) == XCCL_OK && ev == NULL);
+    /* no kernels: a reduction says so before anything is queued */
+    CHECK(ex->reduce(d, d, d, 4, XCCL_INT32, XCCL_OP_SUM, &ev) == XCCL_ERR_NOT_SUPPORTED);
+    CHECK(ev == NULL);
+    CHECK_MSG(strstr(xccl_last_error(), "no GPU kernels") != NULL, "%s", xccl_last_error());
+    CHECK(ex->reduce(d, d, d, 0, XCCL_INT32, XCCL_OP_SUM, &ev) == XCCL_OK && ev == NULL);
+    /* bad arguments fail first */
+    CHECK(ex->reduce(d, d, d, 4, XCCL_FLOAT32, XCCL_OP_BAND, &ev) == XCCL_ERR_INVALID_ARG);
+    CHECK(ex->reduce(d, d, d, 4, XCCL_FLOAT32, XCCL_OP_AVG, &ev) == XCCL_ERR_INVALID_ARG);
+    CHECK(ex->reduce((char *)d + 2, d, d, 4, XCCL_INT32, XCCL_OP_SUM, &ev) ==
+          XCCL_ERR_INVALID_ARG);
+    CHECK(strstr(xccl_last_error(), "not aligned") != NULL);
+    CHECK(ex->scale(d, d, 4, XCCL_BOOL, 2.0, &ev) == XCCL_ERR_NOT_SUPPORTED);
+    CHECK(ex->divide(d, d, 4, XCCL_INT32, 0, &ev) == XCCL_ERR_INVALID_ARG);
+    ex->free(d);
+}
+#endif
+
 int main(int argc, char **argv)
 {
 #ifdef XCCL_HAVE_CUDA
@@ -207,6 +269,13 @@ int main(int argc, char **argv)
         CHECK(xccl_cuda_set_device(0) == XCCL_ERR_NOT_SUPPORTED);
         CTEST_MAIN_END("test_cuda_gate (not a driver)");
     }
+#ifdef FAKE_CUDA_LIB
+    if (argc == 2 && strcmp(argv[1], "--fake-driver") == 0) {
+        setenv("XCCL_CUDA_LIB", FAKE_CUDA_LIB, 1);
+        test_fake_driver();
+        CTEST_MAIN_END("test_cuda_gate (fake driver)");
+    }
+#endif
     test_basic();
     test_wrap();
     test_threads();
@@ -215,6 +284,10 @@ int main(int argc, char **argv)
 
         snprintf(cmd, sizeof cmd, "%s --not-a-driver", argv[0]);
         CHECK(system(cmd) == 0);
+#ifdef FAKE_CUDA_LIB
+        snprintf(cmd, sizeof cmd, "%s --fake-driver", argv[0]);
+        CHECK(system(cmd) == 0);
+#endif
     }
 #else
     (void)argc;
