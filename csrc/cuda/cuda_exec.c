@@ -501,20 +501,46 @@ static xccl_status_t cu_gate_wait(uint64_t ticket, void *stream)
     return rc == CUDA_SUCCESS ? XCCL_OK : xccl_cuda_fail(rc, "cuStreamWaitValue32");
 }
 
+static xccl_status_t cu_host_register(void *p, size_t nbytes)
+{
+    CUresult rc;
+
+    if (p == NULL || nbytes == 0)
+        return XCCL_ERROR(XCCL_ERR_INVALID_ARG, "cuda: registering an empty host range");
+    XCCL_CHECK(xccl_cuda_enter());
+    rc = xccl_cu.MemHostRegister(p, nbytes, CU_MEMHOSTREGISTER_PORTABLE);
+    if (rc == CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED) return XCCL_OK;
+    return rc == CUDA_SUCCESS ? XCCL_OK : xccl_cuda_fail(rc, "cuMemHostRegister");
+}
+
+static void cu_host_unregister(void *p)
+{
+    CUresult rc;
+
+    if (p == NULL || xccl_cuda_enter() != XCCL_OK) return;
+    rc = xccl_cu.MemHostUnregister(p);
+    if (rc != CUDA_SUCCESS && rc != CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED) {
+        xccl_cuda_fail(rc, "cuMemHostUnregister");
+        XCCL_WARN("%s", xccl_last_error());
+    }
+}
+
 const xccl_exec_ops_t xccl_exec_cuda = {
-    .name        = "cuda",
-    .mem         = XCCL_MEM_CUDA,
-    .copy        = cu_copy,
-    .reduce      = cu_reduce,
-    .scale       = cu_scale,
-    .divide      = cu_divide,
-    .test        = cu_test,
-    .alloc       = cu_alloc,
-    .free        = cu_free,
-    .order_after = cu_order_after,
-    .gate_new    = cu_gate_new,
-    .gate_open   = cu_gate_open,
-    .gate_wait   = cu_gate_wait,
+    .name            = "cuda",
+    .mem             = XCCL_MEM_CUDA,
+    .copy            = cu_copy,
+    .reduce          = cu_reduce,
+    .scale           = cu_scale,
+    .divide          = cu_divide,
+    .test            = cu_test,
+    .alloc           = cu_alloc,
+    .free            = cu_free,
+    .order_after     = cu_order_after,
+    .gate_new        = cu_gate_new,
+    .gate_open       = cu_gate_open,
+    .gate_wait       = cu_gate_wait,
+    .host_register   = cu_host_register,
+    .host_unregister = cu_host_unregister,
 };
 
 /* ---------------------------------------------------------------------------------------------

@@ -429,6 +429,14 @@ int main(void)
     if (h_ref == NULL || h_out == NULL) die("malloc");
 
     check_copies();
+    /* the same through pinned host memory (staging buffers are registered so) */
+    for (int i = 0; i < 3; i++)
+        if (ex->host_register(i == 0 ? h_ref : i == 1 ? h_out : h_in[0], MAXB) != XCCL_OK)
+            die("host_register");
+    check_copies();
+    ex->host_unregister(h_ref);
+    ex->host_unregister(h_out);
+    ex->host_unregister(h_in[0]);
     check_gates();
     for (int d = 0; d < XCCL_DTYPE_COUNT; d++) {
         for (int op = 0; op <= XCCL_OP_BXOR; op++) {
