@@ -276,8 +276,8 @@ xccl_status_t xccl_cuda_set_device(int device)
                         "(one GPU per process)",
                         cur, device);
     } else {
-        /* device_open's calls need the ordinal set (xccl_cuda_enter); readers of it outside
-         * this lock only ever see it set after the executor is ready (below) */
+        /* the ordinal is published (release) only once the context, the stream and the
+         * executor's state are ready: a thread that reads it set (acquire) sees them */
         st = device_open(device);
         if (st == XCCL_OK) {
             atomic_store_explicit(&dev_ordinal, device, memory_order_release);
