@@ -34,13 +34,18 @@ extern const xccl_algo_t xccl_algo_allreduce_shm, xccl_algo_broadcast_shm, xccl_
 extern const xccl_algo_t xccl_algo_allreduce_cma, xccl_algo_broadcast_cma, xccl_algo_reduce_cma,
     xccl_algo_allgather_cma, xccl_algo_gather_cma, xccl_algo_scatter_cma,
     xccl_algo_reduce_scatter_cma, xccl_algo_alltoall_cma;
+/* one host, device memory mapped between the ranks (shm_dev.c) */
+extern const xccl_algo_t xccl_algo_allreduce_devmap, xccl_algo_broadcast_devmap,
+    xccl_algo_reduce_devmap, xccl_algo_allgather_devmap, xccl_algo_gather_devmap,
+    xccl_algo_scatter_devmap, xccl_algo_reduce_scatter_devmap, xccl_algo_alltoall_devmap;
 
 static const xccl_algo_t *const allreduce_algos[] = {
     &xccl_algo_allreduce_ring,         &xccl_algo_allreduce_rd,
     &xccl_algo_allreduce_rabenseifner, &xccl_algo_allreduce_direct,
     &xccl_algo_allreduce_owner,        &xccl_algo_allreduce_hier,
     &xccl_algo_allreduce_hier_rs,      &xccl_algo_allreduce_shm,
-    &xccl_algo_allreduce_cma,          NULL};
+    &xccl_algo_allreduce_cma,          &xccl_algo_allreduce_devmap,
+    NULL};
 static const xccl_algo_t *const broadcast_algos[] = {&xccl_algo_broadcast_binomial,
                                                      &xccl_algo_broadcast_linear,
                                                      &xccl_algo_broadcast_scatter_allgather,
@@ -48,33 +53,39 @@ static const xccl_algo_t *const broadcast_algos[] = {&xccl_algo_broadcast_binomi
                                                      &xccl_algo_broadcast_hier,
                                                      &xccl_algo_broadcast_shm,
                                                      &xccl_algo_broadcast_cma,
+                                                     &xccl_algo_broadcast_devmap,
                                                      NULL};
 static const xccl_algo_t *const reduce_algos[] = {&xccl_algo_reduce_binomial,
                                                   &xccl_algo_reduce_linear, &xccl_algo_reduce_shm,
-                                                  &xccl_algo_reduce_cma, NULL};
+                                                  &xccl_algo_reduce_cma,
+                                                  &xccl_algo_reduce_devmap, NULL};
 static const xccl_algo_t *const allgather_algos[] = {&xccl_algo_allgather_ring,
                                                      &xccl_algo_allgather_rd,
                                                      &xccl_algo_allgather_bruck,
                                                      &xccl_algo_allgather_direct,
                                                      &xccl_algo_allgather_shm,
                                                      &xccl_algo_allgather_cma,
+                                                     &xccl_algo_allgather_devmap,
                                                      NULL};
 static const xccl_algo_t *const gather_algos[]  = {&xccl_algo_gather_binomial,
                                                    &xccl_algo_gather_linear, &xccl_algo_gather_shm,
-                                                   &xccl_algo_gather_cma, NULL};
+                                                   &xccl_algo_gather_cma,
+                                                   &xccl_algo_gather_devmap, NULL};
 static const xccl_algo_t *const scatter_algos[] = {
     &xccl_algo_scatter_binomial, &xccl_algo_scatter_linear, &xccl_algo_scatter_shm,
-    &xccl_algo_scatter_cma, NULL};
+    &xccl_algo_scatter_cma, &xccl_algo_scatter_devmap, NULL};
 static const xccl_algo_t *const reduce_scatter_algos[] = {&xccl_algo_reduce_scatter_ring,
                                                           &xccl_algo_reduce_scatter_rhd,
                                                           &xccl_algo_reduce_scatter_direct,
                                                           &xccl_algo_reduce_scatter_owner,
                                                           &xccl_algo_reduce_scatter_shm,
                                                           &xccl_algo_reduce_scatter_cma,
+                                                          &xccl_algo_reduce_scatter_devmap,
                                                           NULL};
 static const xccl_algo_t *const alltoall_algos[]       = {
     &xccl_algo_alltoall_pairwise, &xccl_algo_alltoall_bruck, &xccl_algo_alltoall_linear,
-    &xccl_algo_alltoall_shm,      &xccl_algo_alltoall_cma,   NULL};
+    &xccl_algo_alltoall_shm,      &xccl_algo_alltoall_cma,   &xccl_algo_alltoall_devmap,
+    NULL};
 static const xccl_algo_t *const alltoallv_algos[] = {
     &xccl_algo_alltoallv_pairwise, &xccl_algo_alltoallv_linear, &xccl_algo_alltoallv_shm, NULL};
 static const xccl_algo_t *const barrier_algos[] = {

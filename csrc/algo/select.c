@@ -363,6 +363,16 @@ xccl_status_t xccl_algo_select_source(const xccl_coll_args_t *args, int size, si
         }
     }
     *source = "rule";
+    /* Device memory on one host whose executor maps it between processes: "devmap" at every
+     * size (the device moves each byte once, peer to peer; the message-based schedules would
+     * move it through a transport). */
+    if (!found && !model_only && size > 1 && args->mem != XCCL_MEM_HOST) {
+        const xccl_algo_t *a = xccl_algo_find(args->coll, "devmap");
+        if (a != NULL && usable(a, args, size)) {
+            *out = a;
+            return XCCL_OK;
+        }
+    }
     /* One host sharing a segment (topo->shared, task.h), from ONE_HOST_MIN_RANKS ranks: the
      * one-host algorithms replace the message-based schedules - "shm" (segment slots) where
      * the call fits its slots, else "cma" (cross-memory reads) where the OS allows; otherwise

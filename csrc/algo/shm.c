@@ -68,14 +68,21 @@ int shm_usable(const xccl_coll_args_t *a, int cma)
 xccl_status_t shm_begin(xccl_task_t *t, int id, shm_t *x)
 {
     const xccl_coll_args_t *a = xccl_task_args(t);
-    xccl_shared_t           sh;
-    xccl_status_t           st;
-    int                     n = xccl_task_size(t);
 
     if (a->mem != XCCL_MEM_HOST)
         return XCCL_ERROR(XCCL_ERR_NOT_SUPPORTED,
                           "%s: the one-host algorithms move host memory only (memory type %d)",
                           xccl_coll_name(a->coll), (int)a->mem);
+    return shm_begin_mem(t, id, x);
+}
+
+xccl_status_t shm_begin_mem(xccl_task_t *t, int id, shm_t *x)
+{
+    const xccl_coll_args_t *a = xccl_task_args(t);
+    xccl_shared_t           sh;
+    xccl_status_t           st;
+    int                     n = xccl_task_size(t);
+
     st = xccl_task_shared(t, &sh);
     if (st != XCCL_OK) return st;
     if (sh.bytes < shm_segment_bytes(n) || sh.epoch == 0)
@@ -116,7 +123,8 @@ static void shm_describe(uint64_t sig, uint64_t count, uint64_t chunk_bytes, cha
                           xccl_coll_name((xccl_coll_t)(sig & 0xff)),
                           xccl_dtype_name((xccl_dtype_t)(sig >> 8 & 0xff)),
                           (unsigned long long)count, xccl_op_name((xccl_op_t)(sig >> 16 & 0xff)),
-                          (int)(uint32_t)(sig >> 32) - 1, id >= SHM_ID_CMA ? "cma" : "shm");
+                          (int)(uint32_t)(sig >> 32) - 1,
+                          id >= SHM_ID_DEV ? "devmap" : id >= SHM_ID_CMA ? "cma" : "shm");
     if (chunk_bytes && at < len)
         snprintf(buf + at, len - at, " in chunks of %llu B (" SHM_CHUNK_ENV ")",
                  (unsigned long long)chunk_bytes);

@@ -28,7 +28,7 @@
 #include "core/exec.h"
 #include "core/reduce.h"
 
-enum { FDEV_COPY, FDEV_REDUCE, FDEV_SCALE, FDEV_DIVIDE };
+enum { FDEV_COPY, FDEV_REDUCE, FDEV_SCALE, FDEV_DIVIDE, FDEV_REDUCE_N };
 
 typedef struct fdev_op {
     int             kind;
@@ -39,6 +39,8 @@ typedef struct fdev_op {
     xccl_op_t       op;
     double          factor;
     int             div;
+    const void     *srcs[XCCL_EXEC_REDUCE_MAX]; /* FDEV_REDUCE_N: n elements of k sources */
+    int             k;
     int             tests_left; /* tests before it runs (with everything queued before it) */
     int             done;
     xccl_status_t   status;
@@ -121,6 +123,19 @@ static void fdev_run(fdev_op_t *o)
     case FDEV_COPY: memmove(o->dst, o->a, o->n); o->status = XCCL_OK; break;
     case FDEV_REDUCE: o->status = xccl_reduce2(o->dst, o->a, o->b, o->n, o->dtype, o->op); break;
     case FDEV_SCALE: o->status = xccl_scale(o->dst, o->a, o->n, o->dtype, o->factor); break;
+    case FDEV_REDUCE_N: { /* element by element, as a kernel reads all sources then writes */
+        size_t es = xccl_dtype_size(o->dtype);
+        o->status = XCCL_OK;
+        for (size_t i = 0; i < o->n && o->status == XCCL_OK; i++) {
+            unsigned char acc[16];
+            memcpy(acc, (const char *)o->srcs[0] + i * es, es);
+            for (int j = 1; j < o->k && o->status == XCCL_OK; j++)
+                o->status = xccl_reduce2(acc, acc, (const char *)o->srcs[j] + i * es, 1, o->dtype,
+                                         o->op);
+            memcpy((char *)o->dst + i * es, acc, es);
+        }
+        break;
+    }
     default: o->status = xccl_divide(o->dst, o->a, o->n, o->dtype, o->div); break;
     }
     o->done = 1;
@@ -210,6 +225,39 @@ static xccl_status_t fdev_divide(void *dst, const void *src, size_t count, xccl_
                                   .dtype = dtype,
                                   .div   = n},
                       ev);
+}
+
+static xccl_status_t fdev_reduce_n(void *dst, const void *const *srcs, int k, size_t count,
+                                   xccl_dtype_t dtype, xccl_op_t op, void **ev)
+{
+    fdev_op_t o = {.kind = FDEV_REDUCE_N, .dst = dst, .n = count, .dtype = dtype, .op = op, .k = k};
+    if (k < 2 || k > XCCL_EXEC_REDUCE_MAX) return XCCL_ERR_INVALID_ARG;
+    memcpy(o.srcs, srcs, (size_t)k * sizeof(*srcs));
+    return fdev_issue(o, ev);
+}
+
+/* Peer access in one address space (the simulator's ranks): a blob is {magic, address,
+ * bytes}; fdev_no_export makes export fail as memory a device cannot share does. */
+static int fdev_no_export;
+#define FDEV_BLOB_MAGIC 0x66646576626c6f62ull
+
+static xccl_status_t fdev_export(const void *ptr, size_t nbytes, void *blob, size_t *len)
+{
+    uint64_t b[3] = {FDEV_BLOB_MAGIC, (uint64_t)(uintptr_t)ptr, nbytes};
+    if (fdev_no_export) return XCCL_ERR_NOT_SUPPORTED;
+    memcpy(blob, b, sizeof(b));
+    *len = sizeof(b);
+    return XCCL_OK;
+}
+
+static xccl_status_t fdev_import(const void *blob, size_t len, void **ptr)
+{
+    uint64_t b[3];
+    if (len != sizeof(b)) return XCCL_ERR_INVALID_ARG;
+    memcpy(b, blob, sizeof(b));
+    if (b[0] != FDEV_BLOB_MAGIC) return XCCL_ERR_INVALID_ARG;
+    *ptr = (void *)(uintptr_t)b[1];
+    return XCCL_OK;
 }
 
 static xccl_status_t fdev_test(void *ev)
@@ -322,6 +370,9 @@ static const xccl_exec_ops_t fdev_ops = {
     .gate_new    = fdev_gate_new,
     .gate_open   = fdev_gate_open,
     .gate_wait   = fdev_gate_wait,
+    .export_mem  = fdev_export,
+    .import_mem  = fdev_import,
+    .reduce_n    = fdev_reduce_n,
 };
 
 #endif /* XCCL_TESTS_FAKE_DEV_H */

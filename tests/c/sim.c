@@ -484,6 +484,43 @@ xccl_status_t xccl_task_reduce(xccl_task_t *t, void *dst, const void *a, const v
     }
 }
 
+int xccl_task_mem_shareable(xccl_mem_type_t mem)
+{
+    const xccl_exec_ops_t *ex = xccl_exec_for(mem);
+    return ex != NULL && ex->export_mem != NULL && ex->import_mem != NULL && ex->reduce_n != NULL;
+}
+
+xccl_status_t xccl_task_mem_export(xccl_task_t *t, const void *ptr, size_t nbytes, void *blob,
+                                   size_t *len)
+{
+    if (t->exec->export_mem == NULL) return XCCL_ERR_NOT_SUPPORTED;
+    return t->exec->export_mem(ptr, nbytes, blob, len);
+}
+
+xccl_status_t xccl_task_mem_import(xccl_task_t *t, const void *blob, size_t len, void **ptr)
+{
+    if (t->exec->import_mem == NULL)
+        return sim_fail(t->sim, "rank %d: import on an executor without peer access", t->rank);
+    return t->exec->import_mem(blob, len, ptr);
+}
+
+xccl_status_t xccl_task_reduce_n(xccl_task_t *t, void *dst, const void *const *srcs, int k,
+                                 size_t count)
+{
+    const xccl_coll_args_t *args = t->args;
+    void                   *ev   = NULL;
+    xccl_status_t           st;
+
+    if (t->exec->reduce_n == NULL || k < 2 || k > XCCL_TASK_REDUCE_MAX)
+        return sim_fail(t->sim, "rank %d: reduce_n of %d sources", t->rank, k);
+    if (count == 0) return XCCL_OK;
+    t->sim->events++;
+    t->sim->res->reduce_bytes[root_of(t)->rank] += count * args->elsize;
+    t->sim->res->reduce_calls[root_of(t)->rank]++;
+    st = t->exec->reduce_n(dst, srcs, k, count, args->dtype, args->op, &ev);
+    return exec_result(root_of(t), st, ev);
+}
+
 xccl_status_t xccl_task_copy(xccl_task_t *t, void *dst, const void *src, size_t nbytes)
 {
     const sim_req_t *o;

@@ -5,7 +5,9 @@
  * (0, 1, odd, slot-sized, many chunks) x group sizes (1..64) x roots against references
  * computed here in rank order, collectives back to back (slots reused across epochs, ranks
  * epochs apart), mismatched calls, applicability, selection and costs against the reads and
- * copies the simulator counted.
+ * copies the simulator counted. The device-memory algorithms (shm_dev.c, "devmap") run the
+ * same sweeps on fake device memory (fake_dev.h: asynchronous, inaccessible to the CPU outside
+ * executor calls), and with a rank that cannot export (the message-based fallback).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +15,7 @@
 
 #include "algo/shm.h"
 #include "ctest.h"
+#include "fake_dev.h"
 #include "sim.h"
 
 #define MAXN 64
@@ -21,6 +24,9 @@ extern const xccl_algo_t xccl_algo_allreduce_shm, xccl_algo_broadcast_shm, xccl_
     xccl_algo_allgather_shm, xccl_algo_gather_shm, xccl_algo_scatter_shm,
     xccl_algo_reduce_scatter_shm, xccl_algo_alltoall_shm, xccl_algo_alltoallv_shm,
     xccl_algo_barrier_shm;
+extern const xccl_algo_t xccl_algo_allreduce_devmap, xccl_algo_broadcast_devmap,
+    xccl_algo_reduce_devmap, xccl_algo_allgather_devmap, xccl_algo_gather_devmap,
+    xccl_algo_scatter_devmap, xccl_algo_reduce_scatter_devmap, xccl_algo_alltoall_devmap;
 extern const xccl_algo_t xccl_algo_allreduce_cma, xccl_algo_broadcast_cma, xccl_algo_reduce_cma,
     xccl_algo_allgather_cma, xccl_algo_gather_cma, xccl_algo_scatter_cma,
     xccl_algo_reduce_scatter_cma, xccl_algo_alltoall_cma;
@@ -215,6 +221,26 @@ static void cp(void *dst, const void *src, size_t n)
     if (n) memcpy(dst, src, n);
 }
 
+/* Operation buffers: host memory, or fake device memory while dev_mode is set (the test opens
+ * it to the CPU except while the simulator runs). */
+static int dev_mode;
+
+static void *buf_alloc(size_t n)
+{
+    void *p;
+    if (!dev_mode) return xmalloc(n);
+    p = fdev_alloc(n ? n : 1);
+    if (p == NULL) abort();
+    return p;
+}
+
+static void buf_free(void *p)
+{
+    if (p == NULL) return;
+    if (dev_mode) fdev_free(p);
+    else free(p);
+}
+
 static void case_init(ccase_t *c, xccl_coll_t coll, int n, size_t count, xccl_dtype_t dt,
                       xccl_op_t op, int root, const xccl_topo_t *topo, int a2av_big)
 {
@@ -259,9 +285,9 @@ static void case_init(ccase_t *c, xccl_coll_t coll, int n, size_t count, xccl_dt
         default:
             break;
         }
-        c->sbuf[r] = xmalloc(sb);
+        c->sbuf[r] = buf_alloc(sb);
         cp(c->sbuf[r], c->in[r], sb);
-        c->rbuf[r] = rb ? xmalloc(rb) : NULL;
+        c->rbuf[r] = rb ? buf_alloc(rb) : NULL;
         if (rb) memset(c->rbuf[r], 0x5a, rb);
         c->args[r] = (xccl_coll_args_t){.coll   = coll,
                                         .sbuf   = c->sbuf[r],
@@ -271,7 +297,8 @@ static void case_init(ccase_t *c, xccl_coll_t coll, int n, size_t count, xccl_dt
                                         .elsize = es,
                                         .op     = op,
                                         .root   = root,
-                                        .topo   = topo};
+                                        .topo   = topo,
+                                        .mem    = dev_mode ? XCCL_MEM_CUDA : XCCL_MEM_HOST};
         if (coll == XCCL_COLL_ALLTOALLV) {
             c->args[r].scounts = &c->v[0][r * n];
             c->args[r].sdispls = &c->v[1][r * n];
@@ -407,8 +434,8 @@ static void case_free(ccase_t *c)
 {
     for (int r = 0; r < c->n; r++) {
         free(c->in[r]);
-        free(c->sbuf[r]);
-        free(c->rbuf[r]);
+        buf_free(c->sbuf[r]);
+        buf_free(c->rbuf[r]);
         free(c->want[r]);
     }
 }
@@ -416,10 +443,18 @@ static void case_free(ccase_t *c)
 static int run_case(const xccl_algo_t *a, ccase_t *c, uint64_t seed, const char *what,
                     sim_result_t *keep)
 {
-    sim_opts_t    opts = {.seed = seed, .max_passes = 2000000, .slow = seed % 2};
+    sim_opts_t    opts = {.seed            = seed,
+                          .max_passes      = 2000000,
+                          .slow            = seed % 2,
+                          .transfer_access = dev_mode ? fdev_open : NULL};
     sim_result_t  res;
-    xccl_status_t st = sim_run(a, c->n, c->args, &opts, &res);
-    int           ok = st == XCCL_OK;
+    xccl_status_t st;
+    int           ok;
+
+    if (dev_mode) fdev_open(0); /* the CPU must not touch device memory meanwhile */
+    st = sim_run(a, c->n, c->args, &opts, &res);
+    if (dev_mode) fdev_open(1);
+    ok = st == XCCL_OK;
 
     CHECK_MSG(ok, "%s: %s: %s", what, xccl_status_string(st), res.error);
     if (ok) ok = case_check(c, what);
@@ -484,7 +519,8 @@ static void sweep(const xccl_algo_t *a, const xccl_topo_t *topo)
                                        XCCL_INT64};
     static const xccl_op_t    ops[] = {XCCL_OP_SUM,  XCCL_OP_PROD, XCCL_OP_MIN, XCCL_OP_MAX,
                                        XCCL_OP_BAND, XCCL_OP_BOR,  XCCL_OP_BXOR};
-    int                       cma   = strcmp(a->name, "cma") == 0;
+    /* beyond slots: many chunks for cma, a slice per rank for devmap */
+    int                       cma   = strcmp(a->name, "shm") != 0;
 
     for (size_t ni = 0; ni < sizeof(ns) / sizeof(ns[0]); ni++) {
         int n = ns[ni];
@@ -533,6 +569,45 @@ static const xccl_algo_t *const cma_algos[] = {
     &xccl_algo_allreduce_cma,      &xccl_algo_broadcast_cma, &xccl_algo_reduce_cma,
     &xccl_algo_allgather_cma,      &xccl_algo_gather_cma,    &xccl_algo_scatter_cma,
     &xccl_algo_reduce_scatter_cma, &xccl_algo_alltoall_cma,  NULL};
+
+static const xccl_algo_t *const devmap_algos[] = {
+    &xccl_algo_allreduce_devmap, &xccl_algo_broadcast_devmap,      &xccl_algo_reduce_devmap,
+    &xccl_algo_allgather_devmap, &xccl_algo_gather_devmap,         &xccl_algo_scatter_devmap,
+    &xccl_algo_reduce_scatter_devmap, &xccl_algo_alltoall_devmap, NULL};
+
+/* devmap on fake device memory: the sweeps (n up to 64: reductions chained beyond 8 sources),
+ * back to back, and with a rank that cannot export its buffer (every rank falls back to the
+ * message-based algorithm); not applicable to host memory or without a segment. */
+static void test_devmap(void)
+{
+    int before = ncases;
+
+    CHECK(xccl_exec_set_for_test(XCCL_MEM_CUDA, &fdev_ops) == NULL);
+    fdev_open(1);
+    dev_mode = 1;
+    for (int i = 0; devmap_algos[i] != NULL; i++) {
+        const xccl_algo_t *a    = devmap_algos[i];
+        xccl_coll_args_t   host = {.coll = a->coll, .count = 4, .elsize = 4, .topo = &topo_seg};
+        xccl_coll_args_t   dev = host, noseg = host;
+        dev.mem = noseg.mem = XCCL_MEM_CUDA;
+        noseg.topo          = &topo_none;
+        CHECK_MSG(!a->applicable(&host, 4) && a->applicable(&dev, 4) &&
+                      !a->applicable(&noseg, 4),
+                  "%s/devmap: applicable to host memory or without a segment",
+                  xccl_coll_name(a->coll));
+        sweep(a, &topo_seg);
+        fdev_no_export = 1;
+        for (int n = 2; n <= 5; n += 3)
+            sweep_one(a, &topo_seg, n, 301, XCCL_INT32, XCCL_OP_SUM,
+                      rooted(a->coll) ? n - 1 : -1, 5, 0);
+        fdev_no_export = 0;
+    }
+    dev_mode = 0;
+    fdev_open(0);
+    CHECK_MSG(fdev.live == 0, "devmap: %zu device operations never tested", fdev.live);
+    xccl_exec_set_for_test(XCCL_MEM_CUDA, NULL);
+    printf("test_algo_shm: %d devmap collectives checked\n", ncases - before);
+}
 
 static void test_sweeps(void)
 {
@@ -943,6 +1018,7 @@ int main(void)
     test_sim_contract();
     test_select();
     test_sweeps();
+    test_devmap();
     test_reduce_scatter_alias();
     test_reduce_inplace_root();
     test_sequences();
