@@ -525,6 +525,15 @@ static void cu_host_unregister(void *p)
     }
 }
 
+static xccl_status_t cu_reduce_n(void *dst, const void *const *srcs, int k, size_t count,
+                                 xccl_dtype_t dtype, xccl_op_t op, void **ev)
+{
+    *ev = NULL;
+    if (count == 0) return XCCL_OK;
+    XCCL_CHECK(xccl_cuda_reduce_n(dst, srcs, k, count, dtype, op, NULL));
+    return finish(ev);
+}
+
 const xccl_exec_ops_t xccl_exec_cuda = {
     .name            = "cuda",
     .mem             = XCCL_MEM_CUDA,
@@ -541,6 +550,9 @@ const xccl_exec_ops_t xccl_exec_cuda = {
     .gate_wait       = cu_gate_wait,
     .host_register   = cu_host_register,
     .host_unregister = cu_host_unregister,
+    .export_mem      = xccl_cuda_export_mem,
+    .import_mem      = xccl_cuda_import_mem,
+    .reduce_n        = cu_reduce_n,
 };
 
 /* ---------------------------------------------------------------------------------------------

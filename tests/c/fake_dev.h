@@ -123,17 +123,13 @@ static void fdev_run(fdev_op_t *o)
     case FDEV_COPY: memmove(o->dst, o->a, o->n); o->status = XCCL_OK; break;
     case FDEV_REDUCE: o->status = xccl_reduce2(o->dst, o->a, o->b, o->n, o->dtype, o->op); break;
     case FDEV_SCALE: o->status = xccl_scale(o->dst, o->a, o->n, o->dtype, o->factor); break;
-    case FDEV_REDUCE_N: { /* element by element, as a kernel reads all sources then writes */
-        size_t es = xccl_dtype_size(o->dtype);
-        o->status = XCCL_OK;
-        for (size_t i = 0; i < o->n && o->status == XCCL_OK; i++) {
-            unsigned char acc[16];
-            memcpy(acc, (const char *)o->srcs[0] + i * es, es);
-            for (int j = 1; j < o->k && o->status == XCCL_OK; j++)
-                o->status = xccl_reduce2(acc, acc, (const char *)o->srcs[j] + i * es, 1, o->dtype,
-                                         o->op);
-            memcpy((char *)o->dst + i * es, acc, es);
-        }
+    case FDEV_REDUCE_N: { /* into a temporary: a kernel reads every source before it writes */
+        size_t nb  = o->n * xccl_dtype_size(o->dtype);
+        void  *tmp = malloc(nb ? nb : 1);
+        o->status  = tmp == NULL ? XCCL_ERR_NO_MEMORY
+                                 : xccl_reduce_n(tmp, o->srcs, o->k, o->n, o->dtype, o->op);
+        if (o->status == XCCL_OK) memcpy(o->dst, tmp, nb);
+        free(tmp);
         break;
     }
     default: o->status = xccl_divide(o->dst, o->a, o->n, o->dtype, o->div); break;

@@ -1,0 +1,172 @@
+/* SPDX-License-Identifier: Apache-2.0
+ *
+ * cuda_peer.c - the CUDA executor's peer access (exec.h export_mem / import_mem): device
+ * buffers shared between the processes of a host with legacy CUDA IPC handles, for the
+ * algorithms that read and write peers' buffers (csrc/algo/shm_dev.c, "devmap").
+ *
+ * A blob names the allocation (its owner's pid, buffer id and range), the IPC handle and where
+ * the exported pointer lies in it. Both sides cache (cuda/ipc_cache.h): the exporter asks the
+ * driver for a handle once per allocation (buffer ids are never reused in a process), the
+ * importer opens each allocation once and keeps it mapped; an entry of the same owner whose
+ * range overlaps a new allocation with another buffer id is stale (the owner freed it) and its
+ * mapping is closed. The importer's cache keeps IMPORT_CAP mappings, least recently used out:
+ * an operation maps at most its peers' buffers, far fewer, and uses them right away, so the
+ * entries an operation in flight uses are never the least recently used.
+ *
+ * Memory legacy IPC cannot export (cudaMallocAsync pools, VMM allocations such as PyTorch's
+ * expandable segments) answers XCCL_ERR_NOT_SUPPORTED: the algorithm then falls back to
+ * messages. Thread-safe (one lock): contexts may call from their own threads.
+ */
+#include <pthread.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/check.h"
+#include "cuda/cuda_exec.h"
+#include "cuda/ipc_cache.h"
+
+#define BLOB_MAGIC  0x78636370u /* "xccp" */
+#define EXPORT_CAP  1024
+#define IMPORT_CAP  1024
+
+typedef struct peer_blob {
+    uint32_t magic;
+    int32_t  pid;
+    uint64_t buf_id;
+    uint64_t base, size; /* the allocation in the owner's address space */
+    uint64_t offset;     /* of the exported pointer in it               */
+    uint8_t  handle[IPC_HANDLE_BYTES];
+} peer_blob_t;
+
+_Static_assert(sizeof(peer_blob_t) <= XCCL_EXEC_BLOB_MAX, "peer_blob_t outgrew a blob");
+_Static_assert(sizeof(CUipcMemHandle) == IPC_HANDLE_BYTES, "CUDA IPC handle size");
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static ipc_cache_t     exported, imported;
+static int             caches_ready;
+
+static void close_mapping(void *arg, void *mapped)
+{
+    CUresult rc;
+
+    (void)arg;
+    rc = xccl_cu.IpcCloseMemHandle((CUdeviceptr)(uintptr_t)mapped);
+    if (rc != CUDA_SUCCESS) {
+        (void)xccl_cuda_fail(rc, "cuIpcCloseMemHandle");
+        XCCL_WARN("%s", xccl_last_error());
+    }
+}
+
+static void caches_init(void)
+{
+    if (caches_ready) return;
+    ipc_cache_init(&exported, EXPORT_CAP, NULL, NULL);
+    ipc_cache_init(&imported, IMPORT_CAP, close_mapping, NULL);
+    caches_ready = 1;
+}
+
+xccl_status_t xccl_cuda_export_mem(const void *ptr, size_t nbytes, void *blob, size_t *len)
+{
+    CUpointer_attribute attrs[] = {CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                                   CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+                                   CU_POINTER_ATTRIBUTE_BUFFER_ID,
+                                   CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE};
+    CUdeviceptr         base = 0;
+    size_t              size = 0;
+    unsigned long long  id   = 0;
+    int                 ipc  = 0;
+    void               *vals[] = {&base, &size, &id, &ipc};
+    peer_blob_t         b;
+    ipc_entry_t        *e;
+    CUresult            rc;
+    uintptr_t           p = (uintptr_t)ptr;
+
+    XCCL_CHECK(xccl_cuda_enter());
+    rc = xccl_cu.PointerGetAttributes(4, attrs, vals, (CUdeviceptr)p);
+    if (rc != CUDA_SUCCESS) return xccl_cuda_fail(rc, "cuPointerGetAttributes (export)");
+    if (!ipc || size == 0 || p < base || p + nbytes > base + size)
+        return XCCL_ERR_NOT_SUPPORTED; /* not legacy-IPC memory: the caller falls back */
+    memset(&b, 0, sizeof(b));
+    b.magic  = BLOB_MAGIC;
+    b.pid    = (int32_t)getpid();
+    b.buf_id = id;
+    b.base   = base;
+    b.size   = size;
+    b.offset = p - base;
+    pthread_mutex_lock(&mu);
+    caches_init();
+    e = ipc_cache_get(&exported, -1, id, base, size);
+    if (e == NULL) {
+        CUipcMemHandle h;
+        rc = xccl_cu.IpcGetMemHandle(&h, base);
+        if (rc != CUDA_SUCCESS) {
+            pthread_mutex_unlock(&mu);
+            /* e.g. memory of a context without IPC: not shareable rather than an error */
+            return rc == CUDA_ERROR_INVALID_VALUE || rc == CUDA_ERROR_NOT_SUPPORTED
+                       ? XCCL_ERR_NOT_SUPPORTED
+                       : xccl_cuda_fail(rc, "cuIpcGetMemHandle");
+        }
+        memcpy(b.handle, h.reserved, IPC_HANDLE_BYTES);
+        e = ipc_cache_add(&exported, -1, id, base, size, NULL, b.handle);
+    } else {
+        memcpy(b.handle, e->handle, IPC_HANDLE_BYTES);
+    }
+    if (e != NULL) ipc_cache_put(&exported, e);
+    pthread_mutex_unlock(&mu);
+    memcpy(blob, &b, sizeof(b));
+    *len = sizeof(b);
+    return XCCL_OK;
+}
+
+xccl_status_t xccl_cuda_import_mem(const void *blob, size_t len, void **ptr)
+{
+    peer_blob_t  b;
+    ipc_entry_t *e;
+
+    if (len != sizeof(b))
+        return XCCL_ERROR(XCCL_ERR_INTERNAL, "cuda import: a blob of %zu bytes", len);
+    memcpy(&b, blob, sizeof(b));
+    if (b.magic != BLOB_MAGIC || b.offset > b.size)
+        return XCCL_ERROR(XCCL_ERR_INTERNAL, "cuda import: not an export blob");
+    XCCL_CHECK(xccl_cuda_enter());
+    if (b.pid == (int32_t)getpid()) { /* our own memory */
+        *ptr = (void *)(uintptr_t)(b.base + b.offset);
+        return XCCL_OK;
+    }
+    pthread_mutex_lock(&mu);
+    caches_init();
+    e = ipc_cache_get(&imported, b.pid, b.buf_id, b.base, b.size);
+    if (e == NULL) {
+        CUipcMemHandle h;
+        CUdeviceptr    m = 0;
+        CUresult       rc;
+        memcpy(h.reserved, b.handle, IPC_HANDLE_BYTES);
+        rc = xccl_cu.IpcOpenMemHandle(&m, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+        if (rc != CUDA_SUCCESS) {
+            pthread_mutex_unlock(&mu);
+            return xccl_cuda_fail(rc, "cuIpcOpenMemHandle (a peer's buffer)");
+        }
+        e = ipc_cache_add(&imported, b.pid, b.buf_id, b.base, b.size, (void *)(uintptr_t)m,
+                          NULL);
+        if (e == NULL) {
+            close_mapping(NULL, (void *)(uintptr_t)m);
+            pthread_mutex_unlock(&mu);
+            return XCCL_ERROR(XCCL_ERR_NO_MEMORY, "cuda import: out of memory");
+        }
+    }
+    *ptr = (char *)e->mapped + b.offset;
+    ipc_cache_put(&imported, e); /* kept mapped by the cache (see the top) */
+    pthread_mutex_unlock(&mu);
+    return XCCL_OK;
+}
+
+void xccl_cuda_peer_fini(void)
+{
+    pthread_mutex_lock(&mu);
+    if (caches_ready) {
+        ipc_cache_drop(&imported, -2);
+        ipc_cache_drop(&exported, -2);
+        caches_ready = 0;
+    }
+    pthread_mutex_unlock(&mu);
+}
