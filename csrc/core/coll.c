@@ -762,16 +762,104 @@ static xccl_status_t comm_usable(const xccl_comm_t *comm, const char *what)
     return XCCL_OK;
 }
 
-/* Device memory, before anything of the operation is queued: orders it after the caller's
- * stream and takes its completion gate (exec.h "streams"). */
+/* Device memory, before anything of the operation is queued: takes its completion gate and
+ * marks where the caller's stream stands (exec.h "streams"): while that point is ahead, the
+ * operation waits in w->ready_ev. */
 static xccl_status_t exec_prepare(xccl_work_t *w, const xccl_exec_ops_t *exec, void *stream)
 {
-    if (exec->order_after != NULL) XCCL_CHECK(exec->order_after(stream));
+    xccl_status_t st;
+    void         *ev = NULL;
+
+    w->task.exec = exec;
     if (exec->gate_new != NULL) {
         XCCL_CHECK(exec->gate_new(&w->gate));
         w->gate_exec = exec;
     }
+    if (exec->order_after != NULL) {
+        st = exec->order_after(stream, &ev);
+        if (st < 0) return st;
+        if (st == XCCL_INPROGRESS) w->ready_ev = ev;
+    }
     return XCCL_OK;
+}
+
+xccl_status_t xccl_work_ready(xccl_work_t *w)
+{
+    xccl_status_t st;
+
+    if (w->ready_ev == NULL) return XCCL_OK;
+    st = w->task.exec->test(w->ready_ev);
+    if (st == XCCL_INPROGRESS) return st;
+    w->ready_ev = NULL;
+    if (st < 0)
+        return XCCL_ERROR(st, "%s on comm '%s' (rank %d): waiting for the caller's stream to "
+                          "reach it failed: %s", w->name, w->comm->name, w->comm->rank,
+                          xccl_last_error());
+    return XCCL_OK;
+}
+
+void xccl_work_ready_drop(xccl_work_t *w)
+{
+    const xccl_exec_ops_t *ex = w->task.exec;
+
+    if (w->ready_ev == NULL) return;
+    if (ex->drop_event != NULL) ex->drop_event(w->ready_ev);
+    else
+        while (ex->test(w->ready_ev) == XCCL_INPROGRESS) xccl_cpu_relax();
+    w->ready_ev = NULL;
+}
+
+/* Posts a p2p Work's request (lock held); a failed post finishes the Work. */
+static void p2p_start(xccl_ctx_t *ctx, xccl_work_t *w)
+{
+    xccl_req_t   *r  = w->req;
+    xccl_status_t st = r->kind == REQ_SEND ? xccl_req_post_send(ctx, r) : xccl_req_post_recv(ctx, r);
+
+    if (st < 0) {
+        char msg[800];
+        r->state = REQ_DONE;
+        xccl_work_finish(w, st, xccl_p2p_error(w, xccl_last_error(), msg, sizeof(msg)));
+    }
+}
+
+int xccl_p2p_hold_progress(xccl_ctx_t *ctx)
+{
+    int n = 0;
+
+    while (ctx->hold_head != NULL) {
+        xccl_work_t  *w  = ctx->hold_head;
+        xccl_status_t st = xccl_work_ready(w);
+        if (st == XCCL_INPROGRESS) break;
+        ctx->hold_head = w->hold_next;
+        if (ctx->hold_head == NULL) ctx->hold_tail = NULL;
+        w->hold_next = NULL;
+        w->held      = 0;
+        n++;
+        if (st < 0) {
+            char msg[800];
+            w->req->state = REQ_DONE;
+            xccl_work_finish(w, st, xccl_p2p_error(w, xccl_last_error(), msg, sizeof(msg)));
+            continue;
+        }
+        w->t_start = xccl_now_ns();
+        p2p_start(ctx, w);
+    }
+    return n;
+}
+
+void xccl_p2p_hold_unlink(xccl_ctx_t *ctx, xccl_work_t *w)
+{
+    xccl_work_t *prev = NULL;
+
+    for (xccl_work_t *p = ctx->hold_head; p != NULL; prev = p, p = p->hold_next) {
+        if (p != w) continue;
+        if (prev != NULL) prev->hold_next = w->hold_next;
+        else ctx->hold_head = w->hold_next;
+        if (ctx->hold_tail == w) ctx->hold_tail = prev;
+        w->hold_next = NULL;
+        w->held      = 0;
+        return;
+    }
 }
 
 static xccl_status_t p2p_post(xccl_comm_t *comm, req_kind_t kind, void *buf, size_t nbytes,
@@ -815,12 +903,16 @@ static xccl_status_t p2p_post(xccl_comm_t *comm, req_kind_t kind, void *buf, siz
     ctx    = comm->ctx;
     pthread_mutex_lock(&ctx->lock);
     xccl_work_activate(w, 0);
-    w->t_start = w->t_enq; /* posting is its start */
-    st = kind == REQ_SEND ? xccl_req_post_send(ctx, r) : xccl_req_post_recv(ctx, r);
-    if (st < 0) {
-        char msg[800];
-        r->state = REQ_DONE;
-        xccl_work_finish(w, st, xccl_p2p_error(w, xccl_last_error(), msg, sizeof(msg)));
+    if (w->ready_ev != NULL || ctx->hold_head != NULL) {
+        /* its stream is behind (or an earlier one's is): posted in order, once it is there */
+        w->held = 1;
+        if (ctx->hold_tail != NULL) ctx->hold_tail->hold_next = w;
+        else ctx->hold_head = w;
+        ctx->hold_tail = w;
+        (void)xccl_p2p_hold_progress(ctx);
+    } else {
+        w->t_start = w->t_enq; /* posting is its start */
+        p2p_start(ctx, w);
     }
     pthread_mutex_unlock(&ctx->lock);
     xccl_ctx_run_callbacks(ctx);
@@ -853,6 +945,8 @@ xccl_status_t xccl_irecv_opts(xccl_comm_t *comm, void *buf, size_t nbytes, int p
 }
 
 
+static xccl_status_t coll_prologue(xccl_work_t *w);
+
 /* AVG: divides the result by the group size, on the task's executor. */
 static xccl_status_t coll_epilogue(xccl_work_t *w)
 {
@@ -882,6 +976,11 @@ xccl_status_t xccl_coll_progress(xccl_work_t *w)
     xccl_task_t  *t = &w->task;
     xccl_status_t st;
 
+    if (w->ready_ev != NULL) {
+        st = xccl_work_ready(w);
+        if (st != XCCL_OK) return st;
+        XCCL_CHECK(coll_prologue(w));
+    }
     if (!t->algo_done) {
         t->shared_wait = SHWAIT_NONE; /* the algorithm says again what it waits for */
         st             = t->algo->progress(t);
@@ -1045,7 +1144,8 @@ static xccl_status_t coll_post(xccl_comm_t *comm, xccl_coll_args_t *a, xccl_op_t
     w->premul    = opts ? opts->premul_factor : 1.0;
     w->fp        = xccl_fp_make(a->coll, a->dtype, user_op, a->root, a->count);
     st           = a->mem != XCCL_MEM_HOST ? exec_prepare(w, exec, opts->stream) : XCCL_OK;
-    if (st >= 0) st = coll_prologue(w);
+    /* the prologue's copies wait for the caller's stream too: then they run in progress */
+    if (st >= 0 && w->ready_ev == NULL) st = coll_prologue(w);
     if (st < 0) {
         xccl_work_release(w);
         return st;

@@ -317,6 +317,12 @@ struct xccl_work {
     const struct xccl_exec_ops *gate_exec; /* NULL: no gate                              */
     uint64_t                    gate;
     int                         gate_opened;
+    /* device memory: the caller's stream has not reached the operation yet (exec.h
+     * order_after): a collective runs its prologue and algorithm, a p2p posts its request,
+     * only once this event has completed */
+    void                       *ready_ev;
+    int                         held;      /* p2p: on ctx->hold_head, request not posted    */
+    struct xccl_work           *hold_next;
     /* While active, a Work is on three doubly linked lists (O(1) unlink, see work.c):       */
     xccl_work_t   *next, *prev;       /* ctx->coll: collectives, in posting order (progress) */
     xccl_work_t   *cm_next, *cm_prev; /* comm->works: the comm's Works, in posting order   */
@@ -449,6 +455,9 @@ struct xccl_ctx {
      * nap for XCCL_DEVICE_NAP_NS between polls instead of sleeping on the transports (a
      * spinning thread would starve the others that take ctx->lock) */
     int               ndevice;
+    /* point-to-point Works not posted yet, in posting order: the first waits for its caller's
+     * stream (ready_ev), the others behind it keep the order messages are matched in */
+    xccl_work_t      *hold_head, *hold_tail;
     pthread_t         thread;
     int               thread_started;
     int               stopping;
@@ -506,6 +515,15 @@ void          xccl_ctx_start_thread(xccl_ctx_t *ctx); /* lock held */
 /* The pause between polls while device work is active (ctx->ndevice), lock not held. */
 #define XCCL_DEVICE_NAP_NS 20000
 void          xccl_device_nap(void);
+/* Device Works (coll.c): XCCL_OK once the caller's stream reached the operation (w->ready_ev
+ * completed; the error if its event failed), XCCL_INPROGRESS before; drop gives up the event
+ * (a Work finishing early). The held p2p Works are posted in order as their streams get there:
+ * hold_progress returns how many left the queue; hold_unlink takes a finishing one out. Lock
+ * held. */
+xccl_status_t xccl_work_ready(xccl_work_t *w);
+void          xccl_work_ready_drop(xccl_work_t *w);
+int           xccl_p2p_hold_progress(xccl_ctx_t *ctx);
+void          xccl_p2p_hold_unlink(xccl_ctx_t *ctx, xccl_work_t *w);
 /* memreg.c: the core is done with [ptr, ptr + nbytes), memory of its own that it may have
  * handed to transports (scratch, prologue copies, notices), and is about to free or reuse it:
  * every registration cache of the context drops it (deregistered once no transport uses it).

@@ -1828,6 +1828,7 @@ int xccl_ctx_progress_locked(xccl_ctx_t *ctx)
     }
     if (ctx->copies != NULL) events += copies_progress(ctx) + (ctx->copies != NULL);
     if (ctx->stage_head != NULL) events += stage_progress(ctx);
+    if (ctx->hold_head != NULL) events += xccl_p2p_hold_progress(ctx);
     ctx->cursors = &cur;
     ctx->shwait = NULL; /* set again below by a task that waits on a segment */
     while ((w = cur.w) != NULL) {

@@ -51,12 +51,17 @@ typedef struct xccl_exec_ops {
     void (*free)(void *p);
 
     /* ---- streams (device executors; all NULL on the CPU executor and fakes without them) ----
-     * order_after: the operations this executor queues from now on run after the work the
-     * caller queued on `stream` (NULL: the legacy default stream) so far. The device waits,
-     * not the CPU. A transport that lets a peer read or write this executor's memory outside
-     * its queue orders itself by the executor's own queue (see the device's support API).
-     * Called when an operation on this memory type is posted, before its first copy. */
-    xccl_status_t (*order_after)(void *stream);
+     * order_after: marks the point the caller's `stream` (NULL: the legacy default stream)
+     * has reached: XCCL_OK when everything queued there before has finished already, else
+     * XCCL_INPROGRESS with *ev, an event like the others (test). The core starts the
+     * operation - its first copy, its first transfer - only once the event has completed: the
+     * device never waits for a caller's stream on the executor's queue, because that stream
+     * may itself wait (gate_wait) for an earlier operation whose remaining work would then
+     * queue behind the wait. drop_event gives up an event without waiting for it (an
+     * operation that failed or timed out before its stream got there).
+     * Called when an operation on this memory type is posted. */
+    xccl_status_t (*order_after)(void *stream, void **ev);
+    void (*drop_event)(void *ev);
     /* Completion gates: a device Work takes a gate when posted (gate_new: its ticket) and opens
      * it exactly once when it finishes, whatever the outcome (gate_open). gate_wait makes
      * `stream` wait, on the device, until the gate of `ticket` is open. A gate never stays

@@ -59,7 +59,9 @@ static void gate_open(xccl_work_t *w)
 void xccl_work_release(xccl_work_t *w)
 {
     if (w == NULL || atomic_fetch_sub(&w->refcount, 1) != 1) return;
-    gate_open(w); /* a Work that failed while being posted never finished */
+    /* a Work that failed while being posted never finished */
+    if (w->ready_ev != NULL) xccl_work_ready_drop(w);
+    gate_open(w);
     if (w->kind == WORK_COLL) xccl_coll_free(w);
     free_reqs(w->task.reqs);
     free(w->vcounts);
@@ -173,7 +175,8 @@ void xccl_work_finish(xccl_work_t *w, xccl_status_t st, const char *msg)
         }
         /* retire every request still out: posted ones are unlinked, transport-held ones are
          * dropped with their connection (xccl_req_cancel) */
-        if (w->kind == WORK_P2P && w->req) xccl_req_cancel(ctx, w->req, st, w->errmsg);
+        if (w->kind == WORK_P2P && w->held) xccl_p2p_hold_unlink(ctx, w); /* never posted */
+        else if (w->kind == WORK_P2P && w->req) xccl_req_cancel(ctx, w->req, st, w->errmsg);
         for (xccl_req_t *r = w->task.reqs; r != NULL; r = r->wnext)
             xccl_req_cancel(ctx, r, st, w->errmsg);
     }
@@ -187,6 +190,7 @@ void xccl_work_finish(xccl_work_t *w, xccl_status_t st, const char *msg)
         if (w->tmp != NULL) xccl_ctx_mem_forget(ctx, w->tmp, w->tmp_len);
     }
     w->t_end = xccl_now_ns();
+    xccl_work_ready_drop(w);
     if (w->gate_exec != NULL) ctx->ndevice--;
     gate_open(w);
     atomic_store(&w->status, st);

@@ -447,23 +447,33 @@ static void cu_free(void *p)
     }
 }
 
-static xccl_status_t cu_order_after(void *stream)
+/* An event on the caller's stream, tested by the core's progress (exec.h: xccl's stream never
+ * waits for a caller's stream on the device). xccl's own stream needs no mark: what it runs
+ * is in order already. */
+static xccl_status_t cu_order_after(void *stream, void **ev)
 {
     CUstream s = (CUstream)stream, own = xccl_cuda_stream();
     CUevent  e;
     CUresult rc;
 
+    *ev = NULL;
     if (s == own) return XCCL_OK;
     XCCL_CHECK(xccl_cuda_enter());
     e = xccl_cuda_event_get();
     if (e == NULL) return XCCL_ERR_CUDA;
     rc = xccl_cu.EventRecord(e, s);
-    if (rc == CUDA_SUCCESS) rc = xccl_cu.StreamWaitEvent(own, e, 0);
-    /* the wait took the event's state at this call: it may be recorded again by a later use */
+    if (rc == CUDA_SUCCESS) rc = xccl_cu.EventQuery(e);
+    if (rc == CUDA_ERROR_NOT_READY) {
+        *ev = e;
+        return XCCL_INPROGRESS;
+    }
     xccl_cuda_event_put(e);
     return rc == CUDA_SUCCESS ? XCCL_OK
-                              : xccl_cuda_fail(rc, "cuda: ordering after the caller's stream");
+                              : xccl_cuda_fail(rc, "cuda: marking the caller's stream");
 }
+
+/* a pending event goes back to the pool: it is only recorded again by a later use */
+static void cu_drop_event(void *ev) { xccl_cuda_event_put((CUevent)ev); }
 
 /* gate_new and gate_open are host bookkeeping: no driver call, no context needed */
 static xccl_status_t cu_gate_new(uint64_t *ticket)
@@ -545,6 +555,7 @@ const xccl_exec_ops_t xccl_exec_cuda = {
     .alloc           = cu_alloc,
     .free            = cu_free,
     .order_after     = cu_order_after,
+    .drop_event      = cu_drop_event,
     .gate_new        = cu_gate_new,
     .gate_open       = cu_gate_open,
     .gate_wait       = cu_gate_wait,

@@ -28,7 +28,7 @@
 #include "core/exec.h"
 #include "core/reduce.h"
 
-enum { FDEV_COPY, FDEV_REDUCE, FDEV_SCALE, FDEV_DIVIDE, FDEV_REDUCE_N };
+enum { FDEV_COPY, FDEV_REDUCE, FDEV_SCALE, FDEV_DIVIDE, FDEV_REDUCE_N, FDEV_MARK };
 
 typedef struct fdev_op {
     int             kind;
@@ -256,11 +256,18 @@ static xccl_status_t fdev_import(const void *blob, size_t len, void **ptr)
     return XCCL_OK;
 }
 
+static void fdev_mark_free(fdev_op_t *m);
+
 static xccl_status_t fdev_test(void *ev)
 {
     fdev_op_t    *o = ev;
     xccl_status_t st;
 
+    if (o->kind == FDEV_MARK) { /* the caller's stream: not on the queue */
+        if (--o->tests_left > 0) return XCCL_INPROGRESS;
+        fdev_mark_free(o);
+        return XCCL_OK;
+    }
     if (!o->done && --o->tests_left > 0) return XCCL_INPROGRESS;
     if (!o->done) fdev_run_until(o);
     st = o->status;
@@ -269,7 +276,9 @@ static xccl_status_t fdev_test(void *ev)
     return st;
 }
 
-/* Streams: order_after counts its calls and remembers the stream; gates are tickets 1, 2, ... whose state is kept (closed, open, opened twice
+/* Streams: order_after counts its calls and remembers the stream; with fgate.order_behind set
+ * it answers that the stream is behind, with an event (FDEV_MARK, not on the queue) that
+ * completes after a few tests or is dropped; gates are tickets 1, 2, ... whose state is kept (closed, open, opened twice
  * - a bug) and gate_wait counts its calls with the last ticket and stream. */
 enum { FGATE_CLOSED = 1, FGATE_OPEN = 2, FGATE_TWICE = 3 };
 
@@ -280,17 +289,45 @@ static struct {
     unsigned       orders, waits;
     void          *order_stream, *wait_stream;
     uint64_t       wait_ticket;
+    int            order_behind; /* order_after answers XCCL_INPROGRESS */
+    long           marks_live;   /* its events not yet completed or dropped */
     pthread_mutex_t lock; /* gates are taken by posting threads, opened by the progress thread */
 } fgate = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 /* Called by posting threads without the context's lock: touches fgate only. */
-static xccl_status_t fdev_order_after(void *stream)
+static xccl_status_t fdev_order_after(void *stream, void **ev)
 {
+    fdev_op_t *m = NULL;
+
     pthread_mutex_lock(&fgate.lock);
     fgate.orders++;
     fgate.order_stream = stream;
+    if (fgate.order_behind && (m = calloc(1, sizeof(*m))) != NULL) {
+        m->kind       = FDEV_MARK;
+        m->tests_left = 2 + (int)(fgate.orders % 3);
+        fgate.marks_live++;
+    }
     pthread_mutex_unlock(&fgate.lock);
-    return XCCL_OK;
+    *ev = m;
+    return m != NULL ? XCCL_INPROGRESS : XCCL_OK;
+}
+
+static void fdev_mark_free(fdev_op_t *m)
+{
+    pthread_mutex_lock(&fgate.lock);
+    fgate.marks_live--;
+    pthread_mutex_unlock(&fgate.lock);
+    free(m);
+}
+
+static void fdev_drop_event(void *ev)
+{
+    fdev_op_t *o = ev;
+    if (o->kind != FDEV_MARK) {
+        fprintf(stderr, "fake_dev: drop_event of a queued operation\n");
+        abort();
+    }
+    fdev_mark_free(o);
 }
 
 static xccl_status_t fdev_gate_new(uint64_t *ticket)
@@ -363,6 +400,7 @@ static const xccl_exec_ops_t fdev_ops = {
     .alloc       = fdev_alloc,
     .free        = fdev_free,
     .order_after = fdev_order_after,
+    .drop_event  = fdev_drop_event,
     .gate_new    = fdev_gate_new,
     .gate_open   = fdev_gate_open,
     .gate_wait   = fdev_gate_wait,

@@ -516,6 +516,52 @@ static void test_streams(xccl_comm_t *c)
         (void)wait_ok(ws, "streams allreduce");
         CHECK(fgate_state(ws->gate) == FGATE_OPEN);
     }
+    /* the caller's stream behind (order_after answers with an event): the operations start
+     * once it completes, and a host message posted after a held device one to the same peer
+     * and tag still matches second */
+    fgate.order_behind = 1;
+    {
+        uint64_t hs = 0x1234567800000000ull + (uint64_t)rank, hr = 0;
+        xccl_work_t *w4[4] = {NULL, NULL, NULL, NULL};
+        int ok = xccl_irecv_opts(c, r, 4096, from, 92, &o, &w4[0]) == XCCL_OK &&
+                 xccl_irecv(c, &hr, 8, from, 92, &w4[1]) == XCCL_OK &&
+                 xccl_isend_opts(c, s, 4096, to, 92, &o, &w4[2]) == XCCL_OK &&
+                 xccl_isend(c, &hs, 8, to, 92, &w4[3]) == XCCL_OK;
+        CHECK_MSG(ok, "held p2p: %s", xccl_last_error());
+        for (int i = 0; i < 4 && ok; i++)
+            ok = wait_ok(w4[i], "held p2p") == XCCL_OK;
+        if (ok) {
+            (void)check(r, 4096, 4096, from, 40, "held device receive");
+            CHECK_MSG(hr == 0x1234567800000000ull + (uint64_t)from, "held p2p: host message "
+                      "%llx out of order", (unsigned long long)hr);
+        }
+        for (int i = 0; i < 4; i++)
+            if (w4[i]) xccl_work_release(w4[i]);
+        xccl_work_release(ws);
+        ws = NULL;
+        if (xccl_allreduce(c, s, r, 1024, XCCL_FLOAT32, XCCL_OP_SUM, &co, &ws) == XCCL_OK &&
+            wait_ok(ws, "held allreduce") == XCCL_OK) {
+            float got[4], want[4] = {0, 0, 0, 0};
+            dlock();
+            fdev_open(1);
+            memcpy(got, r, sizeof(got));
+            for (int q = 0; q < size; q++)
+                for (int i = 0; i < 4; i++) {
+                    float v;
+                    uint8_t b[4];
+                    for (int k = 0; k < 4; k++)
+                        b[k] = pat(q, (size_t)(i * 4 + k), 40);
+                    memcpy(&v, b, 4);
+                    want[i] += v;
+                }
+            fdev_open(0);
+            dunlock();
+            CHECK_MSG(memcmp(got, want, sizeof(got)) == 0 ||
+                          (got[0] == want[0] && got[1] == want[1]),
+                      "held allreduce: %g %g, want %g %g", got[0], got[1], want[0], want[1]);
+        }
+    }
+    fgate.order_behind = 0;
     /* host memory: no gate to wait on */
     if (xccl_isend(c, h, 8, to, 91, &wh) == XCCL_OK) {
         CHECK(xccl_work_wait_stream(wh, stream) == XCCL_ERR_INVALID_USAGE);
@@ -802,6 +848,8 @@ static int child(int rank, int size, void *unused)
     dev_lock = NULL;
     CHECK_MSG(rg.bad == 0, "regtcp saw %ld unregistered or device buffers", (long)rg.bad);
     CHECK_MSG(fdev.live == 0, "executor events not released: %zu", fdev.live);
+    CHECK_MSG(fgate.marks_live == 0, "%ld stream marks neither completed nor dropped",
+              fgate.marks_live);
     CHECK_MSG(fgate_unbalanced() == 0, "%zu of %llu completion gates not opened exactly once",
               fgate_unbalanced(), (unsigned long long)fgate.next);
     return ctest_failures != 0;

@@ -10,7 +10,8 @@
  *     xccl_reduce_n;
  *   - copies: host to device, device to host, device to device, overlapping (memmove);
  *   - gates and stream order: a stream waiting on a closed gate does not run until the gate is
- *     opened; order_after makes the executor's next copy wait for that stream.
+ *     opened; order_after marks such a stream with an event that completes only once the
+ *     stream gets there, and xccl's own stream is not held up meanwhile.
  * Inputs are random bits (every float class: NaN, Inf, denormals, -0) mixed with small exact
  * values. Results must be identical byte for byte, except that two NaNs of a float type are
  * equal (which NaN an addition produces is not specified). Prints one summary line; exit status
@@ -365,7 +366,7 @@ static void check_gates(void)
     CUevent  e = NULL;
     uint64_t t = 0, t2 = 0;
     int      o[3] = {0, 0, 0};
-    void    *ev   = NULL;
+    void    *ev   = NULL, *mark = NULL;
     CUresult rc;
 
     rc = xccl_cu.StreamCreateWithPriority(&s, CU_STREAM_NON_BLOCKING, 0);
@@ -382,20 +383,26 @@ static void check_gates(void)
     if (ex->gate_new(&t) != XCCL_OK) die("gate_new");
     if (ex->gate_wait(t, s) != XCCL_OK) die("gate_wait");
     if (xccl_cu.EventRecord(e, s) != CUDA_SUCCESS) die("record");
-    /* the executor's next copy is ordered after s */
+    /* order_after marks s (behind the closed gate): an event that completes only once s gets
+     * there, while xccl's own stream stays free - a copy on it finishes meanwhile */
     fill(h_in[0], 4096, XCCL_UINT8);
     put(d_buf[0], h_in[0], 4096);
-    if (ex->order_after(s) != XCCL_OK) die("order_after");
-    if (ex->copy(d_buf[1], d_buf[0], 4096, &ev) != XCCL_INPROGRESS) die("copy after order");
+    if (ex->order_after(s, &mark) != XCCL_INPROGRESS || mark == NULL)
+        die("order_after on a waiting stream: not in progress");
+    if (ex->copy(d_buf[1], d_buf[0], 4096, &ev) != XCCL_INPROGRESS) die("copy");
+    wait_ev(ev, "copy beside a waiting stream");
+    get(h_out, d_buf[1], 4096);
+    compare("copy beside a waiting stream", XCCL_UINT8, "-", 4096, o, h_in[0], h_out);
     ncases++;
     if (event_done_within(e, 0.2)) {
         nbad++;
         fprintf(stderr, "MISMATCH gates: a stream waiting on a closed gate ran on\n");
     }
     ncases++;
-    if (ex->test(ev) != XCCL_INPROGRESS) {
+    if (ex->test(mark) != XCCL_INPROGRESS) {
         nbad++;
-        fprintf(stderr, "MISMATCH order_after: the copy ran before the stream it follows\n");
+        fprintf(stderr, "MISMATCH order_after: the mark completed before its stream got there\n");
+        mark = NULL;
     }
     ex->gate_open(t);
     ncases++;
@@ -403,9 +410,10 @@ static void check_gates(void)
         fprintf(stderr, "MISMATCH gates: the stream still waits 10 s after the gate opened\n");
         exit(2); /* the stream would wait forever: leave (the process's exit frees the GPU) */
     }
-    wait_ev(ev, "copy after order");
-    get(h_out, d_buf[1], 4096);
-    compare("order_after copy", XCCL_UINT8, "-", 4096, o, h_in[0], h_out);
+    if (mark != NULL) wait_ev(mark, "order_after's mark");
+    /* a stream with nothing pending: no event */
+    mark = (void *)1;
+    if (ex->order_after(s, &mark) != XCCL_OK || mark != NULL) die("order_after on an idle stream");
     (void)xccl_cu.EventDestroy(e);
     (void)xccl_cu.StreamDestroy(s);
 }
