@@ -609,7 +609,9 @@ static int child_kill(int rank, int size, void *arg)
     (void)arg;
     fdev_open(1);
     CHECK(xccl_exec_set_for_test(XCCL_MEM_CUDA, &fdev_ops) == NULL);
+    setenv("XCCL_DEFER_MS", "600000", 1); /* rank 1 holds the descriptor until it dies */
     c = comm_new(rank, size, 20000);
+    unsetenv("XCCL_DEFER_MS");
     if (c == NULL) return 2;
     b = dalloc(n);
     sync_all(c);
