@@ -44,8 +44,9 @@
  *
  * Environment
  *   XCCL_CUDA_IPC_CACHE   peers' allocations kept mapped (default 128)
- *   XCCL_CUDA_IPC_FAKE    TESTS ONLY: a fake device on host memory (ipc_dev_fake.c); "1", or
- *                         "nolegacy" (no buffer exportable: the host-copy fallback)
+ *   XCCL_CUDA_IPC_FAKE    TESTS ONLY: a fake device on host memory (ipc_dev_fake.c): "1";
+ *                         "nolegacy" (no buffer exportable: the host-copy fallback);
+ *                         "noimport" (no handle can be opened: the RESEND fallback)
  */
 #include <inttypes.h>
 #include <stdatomic.h>
@@ -64,6 +65,8 @@
 #define IPC_T_DESC     1
 #define IPC_T_ACK      2
 #define IPC_T_NACK     3
+#define IPC_T_RESEND   4 /* the receiver cannot map the sender's memory: send the bytes      */
+#define IPC_T_DATA     5 /* those bytes, for the descriptor of send id `fp`                  */
 #define IPC_DESC_MAGIC 0x43534544u /* "DESC" */
 #define IPC_ADDR_MAGIC 0x43495058u /* "XPIC" */
 #define IPC_VERSION    1
@@ -88,7 +91,8 @@ typedef struct ipc_desc {
     uint8_t        handle[IPC_HANDLE_BYTES];
 } ipc_desc_t;
 
-typedef enum { SEND_HOST, SEND_DEV, SEND_BOUNCE } send_type_t;
+/* SEND_RESEND: a descriptor the receiver could not map; its bytes follow through host memory */
+typedef enum { SEND_HOST, SEND_DEV, SEND_BOUNCE, SEND_RESEND } send_type_t;
 
 typedef struct ipc_send {
     int              kind; /* K_SEND: first, like ipc_recv_t                               */
@@ -100,13 +104,16 @@ typedef struct ipc_send {
     void            *cookie; /* the core's                                                 */
     void            *ev;     /* DEV: data ready; BOUNCE: copy into the bounce buffer done  */
     void            *bounce;
+    const void      *src;  /* SEND_DEV: the core's device buffer                           */
     ipc_desc_t       desc;
-    int              out;      /* the inner transport holds desc / bounce                  */
+    int              out;      /* messages of it the inner transport holds (desc, bounce)  */
+    int              data_out; /* SEND_RESEND: its DATA message was handed over            */
     int              finished; /* the core's send_done was called                          */
 } ipc_send_t;
 
 typedef enum { RECV_DESC, RECV_BOUNCE } recv_type_t;
-typedef enum { R_PAYLOAD, R_HELD, R_COPY } recv_state_t;
+/* R_AWAIT: matched, the sender asked to send the bytes (RESEND); R_DATA: they arrive */
+typedef enum { R_PAYLOAD, R_HELD, R_COPY, R_AWAIT, R_DATA } recv_state_t;
 
 typedef struct ipc_recv {
     int              kind; /* K_RECV */
@@ -120,7 +127,9 @@ typedef struct ipc_recv {
     ipc_entry_t     *imp;    /* the mapping the copy reads                                 */
     void            *bounce; /* RECV_BOUNCE                                                */
     void            *dst;
+    xccl_mem_type_t  dmem;
     size_t           n;
+    int              resent; /* the bytes came through host memory: no ACK               */
 } ipc_recv_t;
 
 typedef struct ipc_peer {
@@ -131,6 +140,8 @@ typedef struct ipc_peer {
     ipc_recv_t *recvs;             /* every receive item of ours                           */
     ipc_recv_t *held;              /* the descriptor the core deferred                     */
     int         copying;           /* receive items in R_COPY                              */
+    int         resending;         /* SEND_RESEND sends whose copy to host runs            */
+    int         no_import;         /* it cannot map our memory: device sends go as bytes   */
 } ipc_peer_t;
 
 struct xccl_tp_ctx {
@@ -268,6 +279,7 @@ static void fail_peer(xccl_tp_ctx_t *ctx, int peer, xccl_status_t st, const char
     /* handed over: failed now; freed once the inner transport let go of them too */
     for (ipc_send_t **pp = &p->out; *pp != NULL;) {
         ipc_send_t *q = *pp;
+        if (q->ev != NULL) (void)ctx->dev->event_wait(q->ev); /* a RESEND copy: into bounce */
         if (!q->finished) {
             q->finished = 1;
             (void)xccl_error_set(st, "%s", why);
@@ -282,25 +294,28 @@ static void fail_peer(xccl_tp_ctx_t *ctx, int peer, xccl_status_t st, const char
     }
     for (ipc_recv_t *r = p->recvs, *next; r != NULL; r = next) {
         next = r->next;
-        if (r->state == R_PAYLOAD) continue; /* the inner transport fails it */
-        if (r->state == R_COPY) {
-            (void)ctx->dev->event_wait(r->ev); /* it writes the core's buffer */
+        if (r->state == R_PAYLOAD || r->state == R_DATA) continue; /* the inner fails those */
+        if (r->state == R_COPY) (void)ctx->dev->event_wait(r->ev); /* it writes the core's */
+        if (r->state == R_COPY || r->state == R_AWAIT) {
             (void)xccl_error_set(st, "%s", why);
             ctx->up->recv_done(ctx->up->core, r->cookie, st);
         }
         recv_free(ctx, r);
     }
+    p->resending = 0;
     ipc_cache_drop(&ctx->imp, peer);
 }
 
-/* Drops the peer: ours fail, then the inner transport's, then the core hears of it. */
-static void drop_peer(xccl_tp_ctx_t *ctx, int peer, xccl_status_t st, const char *why)
+/* Drops the peer: ours fail (with `why`), then the inner transport's (it is told `cause`, to
+ * which it adds who closed what), then the core hears of it. */
+static void drop_peer(xccl_tp_ctx_t *ctx, int peer, xccl_status_t st, const char *why,
+                      const char *cause)
 {
     int was_dead = ctx->peers[peer].dead;
 
     fail_peer(ctx, peer, st, why);
     if (was_dead) return;
-    if (ctx->inner->close_peer != NULL) ctx->inner->close_peer(ctx->ictx, peer, why);
+    if (ctx->inner->close_peer != NULL) ctx->inner->close_peer(ctx->ictx, peer, cause);
     else ctx->up->peer_failed(ctx->up->core, peer, st, why);
 }
 
@@ -334,7 +349,7 @@ static int desc_match(xccl_tp_ctx_t *ctx, ipc_recv_t *r, int *nev)
                  " bytes) refused: %s",
                  peer, d->hdr.comm_id, d->hdr.tag, d->hdr.nbytes, xccl_status_string(st));
         recv_free(ctx, r);
-        drop_peer(ctx, peer, st, why);
+        drop_peer(ctx, peer, st, why, why);
         return 0;
     }
     r->cookie = cookie;
@@ -349,7 +364,24 @@ static int desc_match(xccl_tp_ctx_t *ctx, ipc_recv_t *r, int *nev)
     r->imp = ipc_cache_get(&ctx->imp, r->peer, d->buf_id, d->base, d->size);
     if (r->imp == NULL) {
         st = ctx->dev->import_handle(p->pid, d->handle, &mapped);
-        if (st < 0) goto fail;
+        if (st < 0) {
+            /* not mappable here (no peer access, a driver refusal): the sender sends the
+             * bytes through host memory instead, this one and every later one */
+            xccl_msg_hdr_t h = {IPC_COMM, IPC_T_RESEND, d->send_id, 0};
+            XCCL_INFO("cuda_ipc: rank %d: cannot map the memory of rank %d (%s): its device "
+                      "messages come through host memory", ctx->rank, r->peer, xccl_last_error());
+            r->state = R_AWAIT;
+            r->dst   = dst.ptr;
+            r->dmem  = dst.mem;
+            r->n     = (size_t)d->hdr.nbytes;
+            st       = inner_send(ctx, r->peer, &h, NULL, IPC_NOTHING);
+            if (st < 0) {
+                r->state = R_HELD; /* not R_AWAIT: the core hears of it below */
+                goto fail;
+            }
+            ctx->stats.resend_recvs++;
+            return 0;
+        }
         r->imp = ipc_cache_add(&ctx->imp, r->peer, d->buf_id, d->base, d->size, mapped, NULL);
         if (r->imp == NULL) {
             ctx->dev->close_handle(mapped);
@@ -395,7 +427,7 @@ static void desc_arrived(xccl_tp_ctx_t *ctx, ipc_recv_t *r, int *nev)
         int peer = r->peer;
         snprintf(why, sizeof(why), "malformed device-message descriptor from rank %d", peer);
         recv_free(ctx, r);
-        drop_peer(ctx, peer, XCCL_ERR_REMOTE, why);
+        drop_peer(ctx, peer, XCCL_ERR_REMOTE, why, why);
         return;
     }
     (void)desc_match(ctx, r, nev);
@@ -419,6 +451,70 @@ static void ack_arrived(xccl_tp_ctx_t *ctx, int peer, uint64_t send_id, int ok)
               send_id, peer);
 }
 
+/* The peer cannot map our memory: copy the descriptor's bytes to host memory, to be sent as
+ * DATA once the copy is done (resend_progress); later device sends to it go as bytes. */
+static void resend_asked(xccl_tp_ctx_t *ctx, int peer, uint64_t send_id)
+{
+    ipc_peer_t   *p = &ctx->peers[peer];
+    ipc_send_t   *s = p->out;
+    xccl_status_t st;
+
+    while (s != NULL && !(s->type == SEND_DEV && !s->finished && s->desc.send_id == send_id))
+        s = s->next;
+    if (s == NULL) {
+        XCCL_WARN("cuda_ipc: rank %d: RESEND of unknown send %" PRIu64 " from rank %d",
+                  ctx->rank, send_id, peer);
+        return;
+    }
+    p->no_import = 1;
+    s->type      = SEND_RESEND;
+    s->bounce    = malloc((size_t)s->hdr.nbytes);
+    st = s->bounce == NULL ? xccl_error_set(XCCL_ERR_NO_MEMORY, "cuda_ipc: no host memory to "
+                                            "resend %" PRIu64 " bytes", s->hdr.nbytes)
+                           : ctx->dev->copy(s->bounce, s->src, (size_t)s->hdr.nbytes, 0);
+    if (st >= 0) st = ctx->dev->event_record(&s->ev);
+    if (st < 0) {
+        if (s->bounce != NULL && s->ev == NULL) s->bounce = NULL; /* a copy may write it */
+        send_finish(ctx, s, st);
+        return;
+    }
+    p->resending++;
+    ctx->stats.resends++;
+    atomic_store(&ctx->busy, 1);
+}
+
+/* Sends the bytes of the resent descriptors whose copy to host memory completed. */
+static void resend_progress(xccl_tp_ctx_t *ctx, int peer, int *nev)
+{
+    ipc_peer_t *p = &ctx->peers[peer];
+
+    for (ipc_send_t *s = p->out; s != NULL && p->resending > 0; s = s->next) {
+        xccl_status_t  st;
+        xccl_msg_hdr_t h = {IPC_COMM, IPC_T_DATA, s->desc.send_id, s->hdr.nbytes};
+
+        if (s->type != SEND_RESEND || s->ev == NULL || s->finished) continue;
+        st = ctx->dev->event_test(s->ev);
+        if (st == XCCL_INPROGRESS) continue;
+        ctx->dev->event_free(s->ev);
+        s->ev = NULL;
+        p->resending--;
+        (*nev)++;
+        if (st >= 0) {
+            s->out++;
+            s->data_out = 1;
+            st          = inner_send(ctx, peer, &h, s->bounce, IPC_TAG(s));
+            if (st < 0) {
+                s->out--;
+                s->data_out = 0;
+            }
+        }
+        if (st < 0) {
+            send_finish(ctx, s, st);
+            return; /* the list may have changed */
+        }
+    }
+}
+
 static xccl_status_t shim_recv_match(void *core, int peer, const xccl_msg_hdr_t *hdr,
                                      xccl_tp_buf_t *dst, void **cookie)
 {
@@ -433,6 +529,32 @@ static xccl_status_t shim_recv_match(void *core, int peer, const xccl_msg_hdr_t 
             ack_arrived(ctx, peer, hdr->fp, hdr->tag == IPC_T_ACK);
             dst->ptr = NULL;
             *cookie  = IPC_NOTHING;
+            return XCCL_OK;
+        }
+        if (hdr->tag == IPC_T_RESEND && hdr->nbytes == 0) {
+            resend_asked(ctx, peer, hdr->fp);
+            dst->ptr = NULL;
+            *cookie  = IPC_NOTHING;
+            return XCCL_OK;
+        }
+        if (hdr->tag == IPC_T_DATA) {
+            ipc_recv_t *r = p->recvs;
+            while (r != NULL && !(r->state == R_AWAIT && r->desc.send_id == hdr->fp))
+                r = r->next;
+            if (r == NULL || hdr->nbytes != r->n)
+                return xccl_error_set(XCCL_ERR_REMOTE,
+                                      "cuda_ipc: bytes of an unknown device message from rank "
+                                      "%d", peer);
+            if (r->dmem != XCCL_MEM_HOST) {
+                r->bounce = malloc(r->n);
+                if (r->bounce == NULL)
+                    return xccl_error_set(XCCL_ERR_NO_MEMORY,
+                                          "cuda_ipc: no host memory to bounce %zu bytes", r->n);
+            }
+            r->state  = R_DATA;
+            r->resent = 1;
+            dst->ptr  = r->bounce != NULL ? r->bounce : r->dst;
+            *cookie   = IPC_TAG(r);
             return XCCL_OK;
         }
         if (hdr->tag == IPC_T_DESC && hdr->nbytes == sizeof(ipc_desc_t)) {
@@ -490,12 +612,18 @@ static void shim_recv_done(void *core, void *cookie, xccl_status_t st)
     }
     if (cookie == IPC_NOTHING) return;
     r = IPC_UNTAG(cookie);
-    if (r->type == RECV_DESC) {
+    if (r->type == RECV_DESC && r->state == R_DATA && (st < 0 || r->bounce == NULL)) {
+        void *c = r->cookie; /* the bytes of a RESEND landed in host memory (or failed) */
+        recv_free(ctx, r);
+        ctx->up->recv_done(ctx->up->core, c, st);
+        return;
+    }
+    if (r->type == RECV_DESC && r->state != R_DATA) {
         if (st < 0) recv_free(ctx, r);
         else desc_arrived(ctx, r, &nev);
         return;
     }
-    /* RECV_BOUNCE: the payload is in the bounce buffer; to the device */
+    /* RECV_BOUNCE, or RESEND bytes: in the bounce buffer; to the device */
     if (st >= 0) st = ctx->dev->copy(r->dst, r->bounce, r->n, 0);
     if (st >= 0) st = ctx->dev->event_record(&r->ev);
     if (st < 0) {
@@ -520,10 +648,13 @@ static void shim_send_done(void *core, void *cookie, xccl_status_t st)
         return;
     }
     if (cookie == IPC_NOTHING) return;
-    s      = IPC_UNTAG(cookie);
-    s->out = 0;
-    /* a bounce send is done once it left; a descriptor waits for its ACK unless it failed */
-    if (s->type == SEND_BOUNCE || st < 0 || s->finished) send_finish(ctx, s, st);
+    s = IPC_UNTAG(cookie);
+    s->out--;
+    /* a bounce send is done once it left, a resent one once its bytes left; a descriptor
+     * waits for its ACK unless it failed */
+    if (s->type == SEND_BOUNCE || st < 0 || s->finished ||
+        (s->type == SEND_RESEND && s->data_out && s->out == 0))
+        send_finish(ctx, s, st);
 }
 
 static void shim_peer_failed(void *core, int peer, xccl_status_t st, const char *why)
@@ -643,8 +774,9 @@ static xccl_status_t ipc_isend(xccl_tp_ctx_t *ctx, int peer, const xccl_msg_hdr_
     s->peer   = peer;
     s->hdr    = *hdr;
     s->cookie = cookie;
-    if (!ipc_ok) {
-        /* not exportable: through host memory, as a host message */
+    s->src = ptr;
+    if (!ipc_ok || p->no_import) {
+        /* not exportable, or the peer cannot map it: through host memory, as a host message */
         s->type   = SEND_BOUNCE;
         s->bounce = malloc((size_t)hdr->nbytes);
         if (s->bounce == NULL) {
@@ -721,7 +853,7 @@ static void copies_progress(xccl_tp_ctx_t *ctx, int peer, int *nev)
         (*nev)++;
         cookie  = r->cookie;
         id      = r->desc.send_id;
-        is_desc = r->type == RECV_DESC;
+        is_desc = r->type == RECV_DESC && !r->resent;
         recv_free(ctx, r);
         if (st < 0)
             st = xccl_error_set(st, "cuda_ipc: rank %d: the copy of a %s message from rank %d "
@@ -749,8 +881,9 @@ static xccl_status_t ipc_progress(xccl_tp_ctx_t *ctx, int *nevents)
         if (!p->local || p->dead) continue;
         if (p->sq_head != NULL) push_sends(ctx, i, &nev);
         if (p->copying > 0) copies_progress(ctx, i, &nev);
+        if (p->resending > 0) resend_progress(ctx, i, &nev);
         busy |= (p->sq_head != NULL && p->sq_head->ev != NULL) || p->copying > 0 ||
-                p->held != NULL;
+                p->held != NULL || p->resending > 0;
     }
     atomic_store(&ctx->busy, busy);
     if (nevents != NULL) *nevents = nev;
@@ -793,7 +926,7 @@ static void ipc_close_peer(xccl_tp_ctx_t *ctx, int peer, const char *why)
     }
     snprintf(msg, sizeof(msg), "connection to rank %d closed by rank %d: %s", peer, ctx->rank,
              why ? why : "closed");
-    drop_peer(ctx, peer, XCCL_ERR_REMOTE, msg);
+    drop_peer(ctx, peer, XCCL_ERR_REMOTE, msg, why ? why : "closed");
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -807,6 +940,8 @@ static void ipc_finalize(xccl_tp_ctx_t *ctx)
     for (int i = 0; ctx->peers != NULL && i < ctx->size; i++) {
         ipc_peer_t *p = &ctx->peers[i];
         for (ipc_send_t *s = p->sq_head; s != NULL; s = s->next)
+            if (s->ev != NULL) (void)ctx->dev->event_wait(s->ev);
+        for (ipc_send_t *s = p->out; s != NULL; s = s->next)
             if (s->ev != NULL) (void)ctx->dev->event_wait(s->ev);
         for (ipc_recv_t *r = p->recvs; r != NULL; r = r->next)
             if (r->state == R_COPY && r->ev != NULL) (void)ctx->dev->event_wait(r->ev);

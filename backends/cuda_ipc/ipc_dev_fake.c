@@ -84,6 +84,10 @@ static xccl_status_t fake_import(int32_t pid, const uint8_t handle[IPC_HANDLE_BY
 {
     fake_handle_t h;
 
+    const char   *mode = getenv("XCCL_CUDA_IPC_FAKE");
+
+    if (mode != NULL && strcmp(mode, "noimport") == 0)
+        return xccl_error_set(XCCL_ERR_CUDA, "fake IPC: opening handles refused (noimport)");
     memcpy(&h, handle, sizeof(h));
     if (h.magic != FAKE_MAGIC || pid <= 0)
         return xccl_error_set(XCCL_ERR_REMOTE, "fake IPC: not a fake handle");

@@ -15,6 +15,8 @@ typedef struct ipc_test_stats {
     uint64_t desc_recvs;   /* descriptors whose data was copied                              */
     uint64_t bounce_recvs; /* host messages copied to device memory                          */
     uint64_t deferred;     /* times the core deferred a descriptor                           */
+    uint64_t resends;      /* descriptors whose bytes were sent again (the peer cannot map)  */
+    uint64_t resend_recvs; /* descriptors this rank could not map                           */
     uint64_t imp_hits, imp_misses, imp_stale, imp_evicted, imp_closed, imp_live;
     uint64_t exp_hits, exp_misses;
 } ipc_test_stats_t;

@@ -13,8 +13,9 @@
  *     every applicable algorithm, host and device messages interleaved to one peer with one
  *     tag (they must match in posting order), the handle cache reused across iterations and
  *     invalidated by a reallocation, buffers legacy IPC cannot export (the host-copy
- *     fallback), and a peer that exits while a device send waits for its ACK (named error,
- *     no hang). Every run checks that nothing was staged by the core: the device path ran.
+ *     fallback), handles the receiver cannot open (it asks for the bytes through host
+ *     memory), a peer that exits while a device send waits for its ACK (named error, no
+ *     hang), and a device send nobody receives timing out (the core closes the pair). Every run checks that nothing was staged by the core: the device path ran.
  * Results are compared with values computed from rank and index.
  */
 #include <stdio.h>
@@ -536,7 +537,8 @@ static int child(int rank, int size, void *arg)
 {
     xccl_comm_t     *c;
     ipc_test_stats_t s;
-    int              nolegacy = arg != NULL;
+    int              mode = (int)(intptr_t)arg; /* 0, 1 nolegacy, 2 noimport */
+    int              nolegacy = mode == 1;
 
     (void)size;
     fdev_open(1); /* see fill() */
@@ -558,13 +560,19 @@ static int child(int rank, int size, void *arg)
     sync_all(c);
     test_colls(c);
     sync_all(c);
-    if (!nolegacy) {
+    if (mode == 0) {
         test_cache_reuse(c);
         sync_all(c);
     }
     stats(c, &s);
     CHECK_MSG(staged(c) == 0, "the core staged %llu messages", (unsigned long long)staged(c));
-    if (nolegacy)
+    if (mode == 2)
+        CHECK_MSG(s.resends > 0 && s.resend_recvs > 0 && s.bounce_sends > 0 && s.desc_recvs == 0,
+                  "noimport: %llu resends, %llu refused descriptors, %llu bounced sends, "
+                  "%llu copied",
+                  (unsigned long long)s.resends, (unsigned long long)s.resend_recvs,
+                  (unsigned long long)s.bounce_sends, (unsigned long long)s.desc_recvs);
+    else if (nolegacy)
         CHECK_MSG(s.dev_sends == 0 && s.bounce_sends > 0 && s.bounce_recvs > 0,
                   "nolegacy: %llu descriptors, %llu bounced sends, %llu bounced receives",
                   (unsigned long long)s.dev_sends, (unsigned long long)s.bounce_sends,
@@ -577,7 +585,7 @@ static int child(int rank, int size, void *arg)
     xccl_comm_destroy(c);
     dev_lock = NULL;
 
-    if (!nolegacy && rank < 2) {
+    if (mode == 0 && rank < 2) {
         /* the held descriptor: long deferral, 2 ranks of their own */
         char path[300];
         setenv("XCCL_DEFER_MS", "600000", 1);
@@ -642,6 +650,49 @@ static int child_kill(int rank, int size, void *arg)
     return ctest_failures != 0;
 }
 
+/* A device send nobody receives (rank 1 holds its descriptor) times out on rank 0: the core
+ * closes the pair through the transport (close_peer), the send fails with XCCL_ERR_TIMEOUT,
+ * and both ranks go on on another communicator. */
+static int child_timeout(int rank, int size, void *arg)
+{
+    xccl_comm_t     *a, *b;
+    char             path[300];
+    size_t           n = 1u << 20;
+    void            *buf;
+    xccl_work_t     *w = NULL;
+    pthread_mutex_t *la;
+
+    (void)arg;
+    fdev_open(1);
+    CHECK(xccl_exec_set_for_test(XCCL_MEM_CUDA, &fdev_ops) == NULL);
+    a  = comm_new(rank, size, 30000);
+    la = dev_lock;
+    setenv("XCCL_DEFER_MS", "600000", 1);
+    snprintf(path, sizeof(path), "%s-tmo", store_path);
+    b = ctest_file_comm(path, rank, size, 1500, "ipc-tmo", "cuda_ipc");
+    unsetenv("XCCL_DEFER_MS");
+    dev_lock = la; /* the test's allocations serialise with a's executor */
+    if (a == NULL || b == NULL) return 2;
+    buf = dalloc(n);
+    if (rank == 0) {
+        xccl_status_t st;
+        fill(buf, n, 0, 7);
+        if (post(b, 1, buf, n, 1, 7, XCCL_MEM_CUDA, &w) == XCCL_OK) {
+            st = xccl_work_wait(w, 20000);
+            CHECK_MSG(st == XCCL_ERR_TIMEOUT, "timeout: %s (%s)", xccl_status_string(st),
+                      xccl_work_error(w));
+            xccl_work_release(w);
+        }
+    }
+    sync_all(a); /* rank 1 waited here while rank 0 timed out */
+    xccl_comm_destroy(b);
+    sync_all(a);
+    xccl_comm_destroy(a);
+    dev_lock = NULL;
+    dfree(buf);
+    return ctest_failures != 0;
+}
+
 int main(void)
 {
     static const int nranks[] = {2, 3};
@@ -665,13 +716,19 @@ int main(void)
     snprintf(store_path, sizeof(store_path), "/tmp/xccl-test-ipc-%d-nl", (int)getpid());
     store_gen = 0;
     failed += ctest_fork_ranks("test_cuda_ipc nolegacy", 2, child, (void *)1);
+    /* handles that cannot be opened: the receiver asks for the bytes instead */
+    setenv("XCCL_CUDA_IPC_FAKE", "noimport", 1);
+    snprintf(store_path, sizeof(store_path), "/tmp/xccl-test-ipc-%d-ni", (int)getpid());
+    store_gen = 0;
+    failed += ctest_fork_ranks("test_cuda_ipc noimport", 3, child, (void *)2);
     setenv("XCCL_CUDA_IPC_FAKE", "1", 1);
     snprintf(store_path, sizeof(store_path), "/tmp/xccl-test-ipc-%d-kill", (int)getpid());
     store_gen = 0;
     failed += ctest_fork_ranks("test_cuda_ipc kill", 2, child_kill, NULL);
+    failed += ctest_fork_ranks("test_cuda_ipc timeout", 2, child_timeout, NULL);
     {
-        const char *tags[] = {"2", "3", "nl", "kill"};
-        for (int t = 0; t < 4; t++) {
+        const char *tags[] = {"2", "3", "nl", "ni", "kill"};
+        for (int t = 0; t < 5; t++) {
             for (int g = 0; g < 4; g++) {
                 char path[300];
                 snprintf(path, sizeof(path), "/tmp/xccl-test-ipc-%d-%s-%d", (int)getpid(),
@@ -680,6 +737,8 @@ int main(void)
             }
             char path[300];
             snprintf(path, sizeof(path), "/tmp/xccl-test-ipc-%d-%s-held", (int)getpid(), tags[t]);
+            unlink(path);
+            snprintf(path, sizeof(path), "/tmp/xccl-test-ipc-%d-%s-tmo", (int)getpid(), tags[t]);
             unlink(path);
         }
     }
