@@ -488,13 +488,15 @@ static void resend_progress(xccl_tp_ctx_t *ctx, int peer, int *nev)
 {
     ipc_peer_t *p = &ctx->peers[peer];
 
-    for (ipc_send_t *s = p->out; s != NULL && p->resending > 0; s = s->next) {
+    for (ipc_send_t *s = p->out, *next; s != NULL && p->resending > 0; s = next) {
         xccl_status_t  st;
         xccl_msg_hdr_t h = {IPC_COMM, IPC_T_DATA, s->desc.send_id, s->hdr.nbytes};
 
+        next = s->next;
         if (s->type != SEND_RESEND || s->ev == NULL || s->finished) continue;
         st = ctx->dev->event_test(s->ev);
         if (st == XCCL_INPROGRESS) continue;
+        next = p->out; /* the send may complete (and go) inside inner_send: start over */
         ctx->dev->event_free(s->ev);
         s->ev = NULL;
         p->resending--;
@@ -508,10 +510,7 @@ static void resend_progress(xccl_tp_ctx_t *ctx, int peer, int *nev)
                 s->data_out = 0;
             }
         }
-        if (st < 0) {
-            send_finish(ctx, s, st);
-            return; /* the list may have changed */
-        }
+        if (st < 0) send_finish(ctx, s, st);
     }
 }
 
