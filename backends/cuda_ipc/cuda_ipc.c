@@ -728,7 +728,7 @@ static xccl_status_t ipc_isend(xccl_tp_ctx_t *ctx, int peer, const xccl_msg_hdr_
     ipc_send_t   *s;
     xccl_status_t st;
     uint64_t      base = 0, size = 0, buf_id = 0;
-    int           ipc_ok = 0, nev = 0;
+    int           ipc_ok = 0, nev = 0, queued = 0;
     const void   *ptr;
 
     if (peer < 0 || peer >= ctx->size || peer == ctx->rank || !ctx->peers[peer].local)
@@ -773,7 +773,26 @@ static xccl_status_t ipc_isend(xccl_tp_ctx_t *ctx, int peer, const xccl_msg_hdr_
     s->peer   = peer;
     s->hdr    = *hdr;
     s->cookie = cookie;
-    s->src = ptr;
+    s->src    = ptr;
+    if (ipc_ok && !p->no_import) {
+        ipc_entry_t *e = ipc_cache_get(&ctx->exp, -1, buf_id, base, size);
+        if (e == NULL) {
+            uint8_t h[IPC_HANDLE_BYTES];
+            if (ctx->dev->export_handle(base, size, buf_id, h) < 0) {
+                /* the driver would not export it: through host memory (never fail) */
+                XCCL_INFO("cuda_ipc: rank %d: %s; sent through host memory", ctx->rank,
+                          xccl_last_error());
+                ipc_ok = 0;
+            } else if ((e = ipc_cache_add(&ctx->exp, -1, buf_id, base, size, NULL, h)) == NULL) {
+                send_free(ctx, s);
+                return XCCL_ERROR(XCCL_ERR_NO_MEMORY, "cuda_ipc: handle cache");
+            }
+        }
+        if (e != NULL) {
+            memcpy(s->desc.handle, e->handle, IPC_HANDLE_BYTES);
+            ipc_cache_put(&ctx->exp, e);
+        }
+    }
     if (!ipc_ok || p->no_import) {
         /* not exportable, or the peer cannot map it: through host memory, as a host message */
         s->type   = SEND_BOUNCE;
@@ -784,25 +803,10 @@ static xccl_status_t ipc_isend(xccl_tp_ctx_t *ctx, int peer, const xccl_msg_hdr_
                               "cuda_ipc: no host memory to bounce %" PRIu64 " device bytes",
                               hdr->nbytes);
         }
-        st = ctx->dev->copy(s->bounce, ptr, (size_t)hdr->nbytes, 0);
+        st     = ctx->dev->copy(s->bounce, ptr, (size_t)hdr->nbytes, 0);
+        queued = st >= 0;
     } else {
-        ipc_entry_t *e = ipc_cache_get(&ctx->exp, -1, buf_id, base, size);
-        s->type        = SEND_DEV;
-        if (e == NULL) {
-            uint8_t h[IPC_HANDLE_BYTES];
-            st = ctx->dev->export_handle(base, size, buf_id, h);
-            if (st < 0) {
-                send_free(ctx, s);
-                return st;
-            }
-            e = ipc_cache_add(&ctx->exp, -1, buf_id, base, size, NULL, h);
-            if (e == NULL) {
-                send_free(ctx, s);
-                return XCCL_ERROR(XCCL_ERR_NO_MEMORY, "cuda_ipc: handle cache");
-            }
-        }
-        memcpy(s->desc.handle, e->handle, IPC_HANDLE_BYTES);
-        ipc_cache_put(&ctx->exp, e);
+        s->type         = SEND_DEV;
         s->desc.magic   = IPC_DESC_MAGIC;
         s->desc.version = IPC_VERSION;
         s->desc.hdr     = *hdr;
@@ -815,9 +819,9 @@ static xccl_status_t ipc_isend(xccl_tp_ctx_t *ctx, int peer, const xccl_msg_hdr_
     }
     if (st >= 0) st = ctx->dev->event_record(&s->ev);
     if (st < 0) {
-        if (s->type == SEND_BOUNCE && s->ev == NULL) {
-            /* a copy may be queued into the bounce buffer: keep it (leaked) rather than
-             * free memory the device may still write */
+        if (queued) {
+            /* a copy into the bounce buffer is queued and no event tells when it is done:
+             * keep the buffer (leaked) rather than free memory the device may still write */
             s->bounce = NULL;
         }
         send_free(ctx, s);

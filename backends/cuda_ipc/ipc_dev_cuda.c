@@ -34,18 +34,26 @@ static xccl_status_t cu_ptr_info(const void *ptr, size_t n, uint64_t *base, uint
     size_t             sz = 0;
     unsigned long long id = 0;
     int                legacy = 0; /* the driver writes a bool or an int: either reads != 0 */
+    CUresult           rc;
 
     (void)n;
     XCCL_CHECK(xccl_cuda_enter());
     XCCL_CU_CHECK(xccl_cu.MemGetAddressRange(&b, &sz, (CUdeviceptr)(uintptr_t)ptr),
                   "cuda_ipc: cuMemGetAddressRange of a send buffer");
-    XCCL_CU_CHECK(xccl_cu.PointerGetAttribute(&id, CU_POINTER_ATTRIBUTE_BUFFER_ID,
-                                              (CUdeviceptr)(uintptr_t)ptr),
-                  "cuda_ipc: the buffer id of a send buffer");
-    XCCL_CU_CHECK(xccl_cu.PointerGetAttribute(&legacy,
-                                              CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
-                                              (CUdeviceptr)(uintptr_t)ptr),
-                  "cuda_ipc: whether a send buffer is IPC-capable");
+    /* without a buffer id (stale mappings could not be told) or the capability, the data
+     * goes through host memory: slower, never wrong */
+    rc = xccl_cu.PointerGetAttribute(&id, CU_POINTER_ATTRIBUTE_BUFFER_ID,
+                                     (CUdeviceptr)(uintptr_t)ptr);
+    if (rc == CUDA_SUCCESS)
+        rc = xccl_cu.PointerGetAttribute(&legacy, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
+                                         (CUdeviceptr)(uintptr_t)ptr);
+    if (rc != CUDA_SUCCESS) {
+        const char *name = NULL;
+        if (xccl_cu.GetErrorName(rc, &name) != CUDA_SUCCESS || name == NULL) name = "?";
+        XCCL_INFO("cuda_ipc: no buffer id or IPC capability for %p (%s): sent through host "
+                  "memory", ptr, name);
+        legacy = 0;
+    }
     *base   = (uint64_t)b;
     *size   = (uint64_t)sz;
     *buf_id = (uint64_t)id;
