@@ -46,7 +46,8 @@
  *   XCCL_CUDA_IPC_CACHE   peers' allocations kept mapped (default 128)
  *   XCCL_CUDA_IPC_FAKE    TESTS ONLY: a fake device on host memory (ipc_dev_fake.c): "1";
  *                         "nolegacy" (no buffer exportable: the host-copy fallback);
- *                         "noimport" (no handle can be opened: the RESEND fallback)
+ *                         "noimport" (no handle can be opened: the RESEND fallback);
+ *                         "stuckcopy" (copies from peers complete only when waited for)
  */
 #include <inttypes.h>
 #include <stdatomic.h>

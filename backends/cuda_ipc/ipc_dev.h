@@ -45,7 +45,8 @@ typedef struct ipc_dev_ops {
 } ipc_dev_ops_t;
 
 /* The fake device (tests): selected by the test-only XCCL_CUDA_IPC_FAKE (1: every buffer is
- * exportable, "nolegacy": none is, "noimport": no handle can be opened). */
+ * exportable, "nolegacy": none is, "noimport": no handle can be opened, "stuckcopy": copies
+ * from a peer never complete until waited for). */
 extern const ipc_dev_ops_t ipc_dev_fake;
 int                        ipc_dev_fake_legacy(void);
 

@@ -9,9 +9,12 @@
  *   - copies and events queue on one stream per process and run in order; a copy from a
  *     peer's memory is a process_vm_readv (EFAULT or a dead peer fail it), and an event
  *     completes (running everything queued before it) on its 2nd to 4th test, so a caller
- *     that uses data before its event completed reads what was there before.
+ *     that uses data before its event completed reads what was there before;
+ *   - XCCL_CUDA_IPC_FAKE=stuckcopy: an event recorded after a copy from a peer's memory never
+ *     completes by testing (event_wait runs it), to catch a copy in flight with a failure.
  */
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -162,6 +165,11 @@ static xccl_status_t fake_record(void **ev)
     pthread_mutex_lock(&fk.lock);
     fk.rng += 0x9e3779b97f4a7c15ull;
     o->tests_left = 2 + (int)((fk.rng >> 33) % 3);
+    /* "stuckcopy": an event after a read of a peer's memory never completes by testing
+     * (only event_wait runs it): a copy caught in flight by a failure */
+    if (fk.tail != NULL && !fk.tail->is_event && fk.tail->pid != 0 && getenv("XCCL_CUDA_IPC_FAKE") &&
+        strcmp(getenv("XCCL_CUDA_IPC_FAKE"), "stuckcopy") == 0)
+        o->tests_left = INT_MAX;
     fake_push(o);
     pthread_mutex_unlock(&fk.lock);
     *ev = o;

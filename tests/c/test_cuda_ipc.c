@@ -15,7 +15,9 @@
  *     invalidated by a reallocation, buffers legacy IPC cannot export (the host-copy
  *     fallback), handles the receiver cannot open (it asks for the bytes through host
  *     memory), a peer that exits while a device send waits for its ACK (named error, no
- *     hang), and a device send nobody receives timing out (the core closes the pair). Every run checks that nothing was staged by the core: the device path ran.
+ *     hang), a peer that exits while the receiver's copy of its data is in flight (the copy
+ *     waited for, then the receive fails naming it), and a device send nobody receives timing
+ *     out (the core closes the pair). Every run checks that nothing was staged by the core: the device path ran.
  * Results are compared with values computed from rank and index.
  */
 #include <stdio.h>
@@ -650,6 +652,60 @@ static int child_kill(int rank, int size, void *arg)
     return ctest_failures != 0;
 }
 
+/* With XCCL_CUDA_IPC_FAKE=stuckcopy: rank 1's copy of rank 0's data stays in flight; rank 0
+ * exits once rank 1 says the copy is queued. Rank 1's receive fails naming rank 0 (the copy
+ * waited for first), and nothing hangs. */
+static int child_copy_kill(int rank, int size, void *arg)
+{
+    xccl_comm_t *c;
+    size_t       n = 1u << 20;
+    void        *b;
+    xccl_work_t *w = NULL, *m = NULL;
+    uint8_t      note = 0;
+
+    (void)arg;
+    fdev_open(1);
+    CHECK(xccl_exec_set_for_test(XCCL_MEM_CUDA, &fdev_ops) == NULL);
+    c = comm_new(rank, size, 20000);
+    if (c == NULL) return 2;
+    b = dalloc(n);
+    if (rank == 0) {
+        fill(b, n, 0, 6);
+        (void)post(c, 1, b, n, 1, 6, XCCL_MEM_CUDA, &w);
+        if (xccl_irecv(c, &note, 1, 1, 8, &m) == XCCL_OK) (void)wait_ok(m, "copy kill: note");
+        _exit(note == 1 ? 0 : 3); /* with the copy from our memory in flight */
+    } else {
+        ipc_test_stats_t s = {0};
+        xccl_status_t    st;
+        int64_t          t0;
+        (void)post(c, 0, b, n, 0, 6, XCCL_MEM_CUDA, &w);
+        for (int i = 0; i < 5000 && s.desc_recvs == 0; i++) {
+            drive(c);
+            stats(c, &s);
+            usleep(1000);
+        }
+        CHECK_MSG(s.desc_recvs == 1, "copy kill: no copy started");
+        note = 1;
+        if (xccl_isend(c, &note, 1, 0, 8, &m) == XCCL_OK) (void)wait_ok(m, "copy kill: note");
+        t0 = xccl_now_ms();
+        if (w != NULL) {
+            st = xccl_work_wait(w, 30000);
+            CHECK_MSG(st == XCCL_ERR_REMOTE, "copy kill: %s (%s)", xccl_status_string(st),
+                      xccl_work_error(w));
+            CHECK_MSG(strstr(xccl_work_error(w), "rank 0") != NULL, "copy kill: '%s'",
+                      xccl_work_error(w));
+            CHECK_MSG(xccl_now_ms() - t0 < 15000, "copy kill: noticed after %lld ms",
+                      (long long)(xccl_now_ms() - t0));
+        }
+    }
+    if (w) xccl_work_release(w);
+    if (m) xccl_work_release(m);
+    xccl_comm_destroy(c);
+    dev_lock = NULL;
+    dfree(b);
+    return ctest_failures != 0;
+}
+
 /* A device send nobody receives (rank 1 holds its descriptor) times out on rank 0: the core
  * closes the pair through the transport (close_peer), the send fails with XCCL_ERR_TIMEOUT,
  * and both ranks go on on another communicator. */
@@ -726,9 +782,13 @@ int main(void)
     store_gen = 0;
     failed += ctest_fork_ranks("test_cuda_ipc kill", 2, child_kill, NULL);
     failed += ctest_fork_ranks("test_cuda_ipc timeout", 2, child_timeout, NULL);
+    setenv("XCCL_CUDA_IPC_FAKE", "stuckcopy", 1);
+    snprintf(store_path, sizeof(store_path), "/tmp/xccl-test-ipc-%d-ck", (int)getpid());
+    store_gen = 0;
+    failed += ctest_fork_ranks("test_cuda_ipc copy kill", 2, child_copy_kill, NULL);
     {
-        const char *tags[] = {"2", "3", "nl", "ni", "kill"};
-        for (int t = 0; t < 5; t++) {
+        const char *tags[] = {"2", "3", "nl", "ni", "kill", "ck"};
+        for (int t = 0; t < 6; t++) {
             for (int g = 0; g < 4; g++) {
                 char path[300];
                 snprintf(path, sizeof(path), "/tmp/xccl-test-ipc-%d-%s-%d", (int)getpid(),
