@@ -44,6 +44,8 @@
  *
  * Environment
  *   XCCL_CUDA_IPC_CACHE   peers' allocations kept mapped (default 128)
+ *   XCCL_CUDA_IPC_INNER   the transport carrying its messages: shm (default; tcp when shm
+ *                         cannot start) or tcp
  *   XCCL_CUDA_IPC_FAKE    TESTS ONLY: a fake device on host memory (ipc_dev_fake.c): "1";
  *                         "nolegacy" (no buffer exportable: the host-copy fallback);
  *                         "noimport" (no handle can be opened: the RESEND fallback);
@@ -1008,6 +1010,7 @@ static xccl_status_t ipc_init(const xccl_tp_init_params_t *params, xccl_tp_ctx_t
     xccl_status_t         st;
     int                   nlocal = 0;
     char                  why_shm[200] = "";
+    const char           *inner_env;
 
     if (params == NULL || out == NULL || params->size < 1 || params->rank < 0 ||
         params->rank >= params->size || params->peers == NULL || params->up == NULL)
@@ -1046,8 +1049,17 @@ static xccl_status_t ipc_init(const xccl_tp_init_params_t *params, xccl_tp_ctx_t
     ip        = *params;
     ip.up     = &ctx->shim;
     ip.job_id = params->job_id ^ IPC_JOB_SALT; /* its own names, beside the core's shm/tcp */
+    inner_env = getenv("XCCL_CUDA_IPC_INNER");
+    if (inner_env != NULL && *inner_env != '\0' && strcmp(inner_env, "shm") != 0 &&
+        strcmp(inner_env, "tcp") != 0) {
+        ipc_finalize(ctx);
+        return XCCL_ERROR(XCCL_ERR_INVALID_ARG, "XCCL_CUDA_IPC_INNER='%s': expected shm or tcp",
+                          inner_env);
+    }
     for (int id = 1; id <= 2; id++) {
         const xccl_transport_ops_t *t = xccl_transport_find(inner_names[id]);
+        if (inner_env != NULL && *inner_env != '\0' && strcmp(inner_env, inner_names[id]) != 0)
+            continue;
         if (t == NULL || t->abi_version != XCCL_TRANSPORT_ABI_VERSION) continue;
         (void)xccl_error_set(XCCL_OK, "%s", "");
         st = t->init(&ip, &ctx->ictx);
@@ -1157,6 +1169,11 @@ void xccl_cuda_ipc_test_stats(const xccl_tp_ctx_t *ctx, ipc_test_stats_t *out)
     out->imp_live    = (uint64_t)ctx->imp.n;
     out->exp_hits    = ctx->exp.hits;
     out->exp_misses  = ctx->exp.misses;
+}
+
+const char *xccl_cuda_ipc_test_inner(const xccl_tp_ctx_t *ctx)
+{
+    return inner_names[ctx->inner_id];
 }
 
 const xccl_transport_ops_t xccl_transport_cuda_ipc = {

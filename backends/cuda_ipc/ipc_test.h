@@ -25,5 +25,7 @@ extern const xccl_transport_ops_t xccl_transport_cuda_ipc;
 
 /* Fills *out from a cuda_ipc context (the one the core holds for it). */
 void xccl_cuda_ipc_test_stats(const xccl_tp_ctx_t *ctx, ipc_test_stats_t *out);
+/* The name of the transport carrying its messages ("shm" or "tcp"). */
+const char *xccl_cuda_ipc_test_inner(const xccl_tp_ctx_t *ctx);
 
 #endif /* XCCL_IPC_TEST_H */

@@ -539,7 +539,7 @@ static int child(int rank, int size, void *arg)
 {
     xccl_comm_t     *c;
     ipc_test_stats_t s;
-    int              mode = (int)(intptr_t)arg; /* 0, 1 nolegacy, 2 noimport */
+    int              mode = (int)(intptr_t)arg; /* 0, 1 nolegacy, 2 noimport, 3 over tcp */
     int              nolegacy = mode == 1;
 
     (void)size;
@@ -550,6 +550,12 @@ static int child(int rank, int size, void *arg)
     if (c == NULL) return 2;
     CHECK_MSG(c->ctx->ntp == 1 && c->ctx->tp[0].ops == &xccl_transport_cuda_ipc,
               "the context does not run on cuda_ipc alone");
+    {
+        xccl_tp_ctx_t *tc = c->ctx->tp[0].ctx;
+        CHECK_MSG(xccl_cuda_ipc_test_inner(tc) != NULL &&
+                      strcmp(xccl_cuda_ipc_test_inner(tc), mode == 3 ? "tcp" : "shm") == 0,
+                  "inner transport %s", xccl_cuda_ipc_test_inner(tc));
+    }
     test_ring(c, XCCL_MEM_CUDA, XCCL_MEM_CUDA, 0);
     test_ring(c, XCCL_MEM_CUDA, XCCL_MEM_HOST, 1);
     test_ring(c, XCCL_MEM_HOST, XCCL_MEM_CUDA, 2);
@@ -562,7 +568,7 @@ static int child(int rank, int size, void *arg)
     sync_all(c);
     test_colls(c);
     sync_all(c);
-    if (mode == 0) {
+    if (mode == 0 || mode == 3) {
         test_cache_reuse(c);
         sync_all(c);
     }
@@ -767,6 +773,12 @@ int main(void)
         store_gen = 0;
         failed += ctest_fork_ranks("test_cuda_ipc", nranks[k], child, NULL);
     }
+    /* messages through tcp instead of shm */
+    setenv("XCCL_CUDA_IPC_INNER", "tcp", 1);
+    snprintf(store_path, sizeof(store_path), "/tmp/xccl-test-ipc-%d-tcp", (int)getpid());
+    store_gen = 0;
+    failed += ctest_fork_ranks("test_cuda_ipc over tcp", 2, child, (void *)3);
+    unsetenv("XCCL_CUDA_IPC_INNER");
     /* memory legacy IPC cannot export: through host memory */
     setenv("XCCL_CUDA_IPC_FAKE", "nolegacy", 1);
     snprintf(store_path, sizeof(store_path), "/tmp/xccl-test-ipc-%d-nl", (int)getpid());
@@ -787,8 +799,8 @@ int main(void)
     store_gen = 0;
     failed += ctest_fork_ranks("test_cuda_ipc copy kill", 2, child_copy_kill, NULL);
     {
-        const char *tags[] = {"2", "3", "nl", "ni", "kill", "ck"};
-        for (int t = 0; t < 6; t++) {
+        const char *tags[] = {"2", "3", "tcp", "nl", "ni", "kill", "ck"};
+        for (int t = 0; t < 7; t++) {
             for (int g = 0; g < 4; g++) {
                 char path[300];
                 snprintf(path, sizeof(path), "/tmp/xccl-test-ipc-%d-%s-%d", (int)getpid(),
