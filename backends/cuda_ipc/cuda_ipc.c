@@ -79,10 +79,10 @@
 
 /* Cookies of our own messages given to the inner transport have the low bit set (the core's
  * are pointers to its aligned structures); IPC_NOTHING marks ACKs, which need no completion. */
-#define IPC_TAG(p)     ((void *)((uintptr_t)(p) | 1u))
-#define IPC_IS_TAG(p)  (((uintptr_t)(p) & 1u) != 0)
-#define IPC_UNTAG(p)   ((void *)((uintptr_t)(p) & ~(uintptr_t)1u))
-#define IPC_NOTHING    ((void *)(uintptr_t)1u)
+#define IPC_TAG(p)    ((void *)((uintptr_t)(p) | 1u))
+#define IPC_IS_TAG(p) (((uintptr_t)(p) & 1u) != 0)
+#define IPC_UNTAG(p)  ((void *)((uintptr_t)(p) & ~(uintptr_t)1u))
+#define IPC_NOTHING   ((void *)(uintptr_t)1u)
 
 enum { K_SEND = 0x53, K_RECV = 0x52 };
 
@@ -107,7 +107,7 @@ typedef struct ipc_send {
     void            *cookie; /* the core's                                                 */
     void            *ev;     /* DEV: data ready; BOUNCE: copy into the bounce buffer done  */
     void            *bounce;
-    const void      *src;  /* SEND_DEV: the core's device buffer                           */
+    const void      *src; /* SEND_DEV: the core's device buffer                           */
     ipc_desc_t       desc;
     int              out;      /* messages of it the inner transport holds (desc, bounce)  */
     int              data_out; /* SEND_RESEND: its DATA message was handed over            */
@@ -149,7 +149,7 @@ typedef struct ipc_peer {
 
 struct xccl_tp_ctx {
     int                         rank, size;
-    const xccl_tp_upcalls_t    *up; /* the core's                                          */
+    const xccl_tp_upcalls_t    *up;   /* the core's                                          */
     xccl_tp_upcalls_t           shim; /* ours, given to the inner transport                */
     const xccl_transport_ops_t *inner;
     xccl_tp_ctx_t              *ictx;
@@ -173,8 +173,8 @@ static void cache_close(void *arg, void *mapped)
     ((xccl_tp_ctx_t *)arg)->dev->close_handle(mapped);
 }
 
-static xccl_status_t inner_send(xccl_tp_ctx_t *ctx, int peer, const xccl_msg_hdr_t *hdr,
-                                void *ptr, void *cookie)
+static xccl_status_t inner_send(xccl_tp_ctx_t *ctx, int peer, const xccl_msg_hdr_t *hdr, void *ptr,
+                                void *cookie)
 {
     xccl_tp_buf_t b = {ptr, XCCL_MEM_HOST, NULL};
     return ctx->inner->isend(ctx->ictx, peer, hdr, &b, cookie);
@@ -248,11 +248,11 @@ static ipc_recv_t *recv_new(xccl_tp_ctx_t *ctx, int peer, recv_type_t type)
     ipc_recv_t *r = calloc(1, sizeof(*r));
 
     if (r == NULL) return NULL;
-    r->kind  = K_RECV;
-    r->type  = type;
-    r->state = R_PAYLOAD;
-    r->peer  = peer;
-    r->next  = ctx->peers[peer].recvs;
+    r->kind                = K_RECV;
+    r->type                = type;
+    r->state               = R_PAYLOAD;
+    r->peer                = peer;
+    r->next                = ctx->peers[peer].recvs;
     ctx->peers[peer].recvs = r;
     return r;
 }
@@ -318,8 +318,10 @@ static void drop_peer(xccl_tp_ctx_t *ctx, int peer, xccl_status_t st, const char
 
     fail_peer(ctx, peer, st, why);
     if (was_dead) return;
-    if (ctx->inner->close_peer != NULL) ctx->inner->close_peer(ctx->ictx, peer, cause);
-    else ctx->up->peer_failed(ctx->up->core, peer, st, why);
+    if (ctx->inner->close_peer != NULL)
+        ctx->inner->close_peer(ctx->ictx, peer, cause);
+    else
+        ctx->up->peer_failed(ctx->up->core, peer, st, why);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -357,7 +359,7 @@ static int desc_match(xccl_tp_ctx_t *ctx, ipc_recv_t *r, int *nev)
     }
     r->cookie = cookie;
     if (d->hdr.nbytes == 0 || dst.ptr == NULL) { /* nothing to copy, or not wanted */
-        uint64_t id = d->send_id;
+        uint64_t id   = d->send_id;
         int      peer = r->peer;
         recv_free(ctx, r);
         ctx->up->recv_done(ctx->up->core, cookie, XCCL_OK);
@@ -372,7 +374,8 @@ static int desc_match(xccl_tp_ctx_t *ctx, ipc_recv_t *r, int *nev)
              * bytes through host memory instead, this one and every later one */
             xccl_msg_hdr_t h = {IPC_COMM, IPC_T_RESEND, d->send_id, 0};
             XCCL_INFO("cuda_ipc: rank %d: cannot map the memory of rank %d (%s): its device "
-                      "messages come through host memory", ctx->rank, r->peer, xccl_last_error());
+                      "messages come through host memory",
+                      ctx->rank, r->peer, xccl_last_error());
             r->state = R_AWAIT;
             r->dst   = dst.ptr;
             r->dmem  = dst.mem;
@@ -402,20 +405,22 @@ static int desc_match(xccl_tp_ctx_t *ctx, ipc_recv_t *r, int *nev)
     p->copying++;
     ctx->stats.desc_recvs++;
     return 0;
-fail: {
-    uint64_t id = d->send_id, n = d->hdr.nbytes;
-    int      peer = r->peer;
-    char     err[200];
-    snprintf(err, sizeof(err), "%s", xccl_last_error());
-    if (r->ev != NULL) (void)ctx->dev->event_wait(r->ev); /* a copy may be queued */
-    recv_free(ctx, r);
-    (void)xccl_error_set(XCCL_ERR_CUDA,
-                         "cuda_ipc: rank %d: reading the %" PRIu64 "-byte device message of "
-                         "rank %d failed: %s", ctx->rank, n, peer, err);
-    ctx->up->recv_done(ctx->up->core, cookie, XCCL_ERR_CUDA);
-    send_ack(ctx, peer, id, 0);
-    return 0;
-}
+fail:
+    {
+        uint64_t id = d->send_id, n = d->hdr.nbytes;
+        int      peer = r->peer;
+        char     err[200];
+        snprintf(err, sizeof(err), "%s", xccl_last_error());
+        if (r->ev != NULL) (void)ctx->dev->event_wait(r->ev); /* a copy may be queued */
+        recv_free(ctx, r);
+        (void)xccl_error_set(XCCL_ERR_CUDA,
+                             "cuda_ipc: rank %d: reading the %" PRIu64 "-byte device message of "
+                             "rank %d failed: %s",
+                             ctx->rank, n, peer, err);
+        ctx->up->recv_done(ctx->up->core, cookie, XCCL_ERR_CUDA);
+        send_ack(ctx, peer, id, 0);
+        return 0;
+    }
 }
 
 /* A descriptor arrived whole: check it, then match it (or hold it). */
@@ -425,8 +430,7 @@ static void desc_arrived(xccl_tp_ctx_t *ctx, ipc_recv_t *r, int *nev)
     char              why[160];
 
     if (d->magic != IPC_DESC_MAGIC || d->version != IPC_VERSION || d->size == 0 ||
-        d->offset > d->size || d->hdr.nbytes > d->size - d->offset ||
-        d->hdr.comm_id == IPC_COMM) {
+        d->offset > d->size || d->hdr.nbytes > d->size - d->offset || d->hdr.comm_id == IPC_COMM) {
         int peer = r->peer;
         snprintf(why, sizeof(why), "malformed device-message descriptor from rank %d", peer);
         recv_free(ctx, r);
@@ -446,12 +450,13 @@ static void ack_arrived(xccl_tp_ctx_t *ctx, int peer, uint64_t send_id, int ok)
         if (!ok)
             (void)xccl_error_set(XCCL_ERR_REMOTE,
                                  "rank %d could not read the %" PRIu64 "-byte device message "
-                                 "sent to it (see its error)", peer, s->hdr.nbytes);
+                                 "sent to it (see its error)",
+                                 peer, s->hdr.nbytes);
         send_finish(ctx, s, ok ? XCCL_OK : XCCL_ERR_REMOTE);
         return;
     }
-    XCCL_WARN("cuda_ipc: rank %d: ACK of unknown send %" PRIu64 " from rank %d", ctx->rank,
-              send_id, peer);
+    XCCL_WARN("cuda_ipc: rank %d: ACK of unknown send %" PRIu64 " from rank %d", ctx->rank, send_id,
+              peer);
 }
 
 /* The peer cannot map our memory: copy the descriptor's bytes to host memory, to be sent as
@@ -465,16 +470,18 @@ static void resend_asked(xccl_tp_ctx_t *ctx, int peer, uint64_t send_id)
     while (s != NULL && !(s->type == SEND_DEV && !s->finished && s->desc.send_id == send_id))
         s = s->next;
     if (s == NULL) {
-        XCCL_WARN("cuda_ipc: rank %d: RESEND of unknown send %" PRIu64 " from rank %d",
-                  ctx->rank, send_id, peer);
+        XCCL_WARN("cuda_ipc: rank %d: RESEND of unknown send %" PRIu64 " from rank %d", ctx->rank,
+                  send_id, peer);
         return;
     }
     p->no_import = 1;
     s->type      = SEND_RESEND;
     s->bounce    = malloc((size_t)s->hdr.nbytes);
-    st = s->bounce == NULL ? xccl_error_set(XCCL_ERR_NO_MEMORY, "cuda_ipc: no host memory to "
-                                            "resend %" PRIu64 " bytes", s->hdr.nbytes)
-                           : ctx->dev->copy(s->bounce, s->src, (size_t)s->hdr.nbytes, 0);
+    st           = s->bounce == NULL ? xccl_error_set(XCCL_ERR_NO_MEMORY,
+                                                      "cuda_ipc: no host memory to "
+                                                      "resend %" PRIu64 " bytes",
+                                                      s->hdr.nbytes)
+                                     : ctx->dev->copy(s->bounce, s->src, (size_t)s->hdr.nbytes, 0);
     if (st >= 0) st = ctx->dev->event_record(&s->ev);
     if (st < 0) {
         if (s->bounce != NULL && s->ev == NULL) s->bounce = NULL; /* a copy may write it */
@@ -546,7 +553,8 @@ static xccl_status_t shim_recv_match(void *core, int peer, const xccl_msg_hdr_t 
             if (r == NULL || hdr->nbytes != r->n)
                 return xccl_error_set(XCCL_ERR_REMOTE,
                                       "cuda_ipc: bytes of an unknown device message from rank "
-                                      "%d", peer);
+                                      "%d",
+                                      peer);
             if (r->dmem != XCCL_MEM_HOST) {
                 r->bounce = malloc(r->n);
                 if (r->bounce == NULL)
@@ -621,8 +629,10 @@ static void shim_recv_done(void *core, void *cookie, xccl_status_t st)
         return;
     }
     if (r->type == RECV_DESC && r->state != R_DATA) {
-        if (st < 0) recv_free(ctx, r);
-        else desc_arrived(ctx, r, &nev);
+        if (st < 0)
+            recv_free(ctx, r);
+        else
+            desc_arrived(ctx, r, &nev);
         return;
     }
     /* RECV_BOUNCE, or RESEND bytes: in the bounce buffer; to the device */
@@ -719,8 +729,10 @@ static void push_sends(xccl_tp_ctx_t *ctx, int peer, int *nev)
 static void sq_append(ipc_peer_t *p, ipc_send_t *s)
 {
     s->next = NULL;
-    if (p->sq_tail != NULL) p->sq_tail->next = s;
-    else p->sq_head = s;
+    if (p->sq_tail != NULL)
+        p->sq_tail->next = s;
+    else
+        p->sq_head = s;
     p->sq_tail = s;
 }
 
@@ -763,8 +775,7 @@ static xccl_status_t ipc_isend(xccl_tp_ctx_t *ctx, int peer, const xccl_msg_hdr_
     ptr = buf->ptr;
     st  = ctx->dev->ptr_info(ptr, (size_t)hdr->nbytes, &base, &size, &buf_id, &ipc_ok);
     if (st < 0) return st;
-    if ((uint64_t)(uintptr_t)ptr < base ||
-        (uint64_t)(uintptr_t)ptr - base > size ||
+    if ((uint64_t)(uintptr_t)ptr < base || (uint64_t)(uintptr_t)ptr - base > size ||
         hdr->nbytes > size - ((uint64_t)(uintptr_t)ptr - base))
         return XCCL_ERROR(XCCL_ERR_INVALID_ARG,
                           "cuda_ipc: rank %d: the %" PRIu64 "-byte device buffer %p runs past "
@@ -831,8 +842,10 @@ static xccl_status_t ipc_isend(xccl_tp_ctx_t *ctx, int peer, const xccl_msg_hdr_
         return st;
     }
     sq_append(p, s);
-    if (s->type == SEND_DEV) ctx->stats.dev_sends++;
-    else ctx->stats.bounce_sends++;
+    if (s->type == SEND_DEV)
+        ctx->stats.dev_sends++;
+    else
+        ctx->stats.bounce_sends++;
     atomic_store(&ctx->busy, 1);
     push_sends(ctx, peer, &nev); /* the event may be complete already */
     return XCCL_OK;
@@ -862,9 +875,10 @@ static void copies_progress(xccl_tp_ctx_t *ctx, int peer, int *nev)
         is_desc = r->type == RECV_DESC && !r->resent;
         recv_free(ctx, r);
         if (st < 0)
-            st = xccl_error_set(st, "cuda_ipc: rank %d: the copy of a %s message from rank %d "
-                                    "failed: %s", ctx->rank, is_desc ? "device" : "host", peer,
-                                xccl_last_error());
+            st = xccl_error_set(st,
+                                "cuda_ipc: rank %d: the copy of a %s message from rank %d "
+                                "failed: %s",
+                                ctx->rank, is_desc ? "device" : "host", peer, xccl_last_error());
         ctx->up->recv_done(ctx->up->core, cookie, st);
         if (is_desc) send_ack(ctx, peer, id, st == XCCL_OK);
         next = p->recvs; /* upcalls may have changed the list: start over */
@@ -899,8 +913,10 @@ static xccl_status_t ipc_progress(xccl_tp_ctx_t *ctx, int *nevents)
 static void ipc_wait(xccl_tp_ctx_t *ctx, int timeout_ms)
 {
     if (atomic_load(&ctx->busy)) return; /* device events complete without a wake-up */
-    if (ctx->inner->wait != NULL) ctx->inner->wait(ctx->ictx, timeout_ms);
-    else if (timeout_ms > 0) usleep(1000);
+    if (ctx->inner->wait != NULL)
+        ctx->inner->wait(ctx->ictx, timeout_ms);
+    else if (timeout_ms > 0)
+        usleep(1000);
 }
 
 static int ipc_wait_arm(xccl_tp_ctx_t *ctx, int *fd)
@@ -954,7 +970,7 @@ static void ipc_finalize(xccl_tp_ctx_t *ctx)
     }
     if (ctx->ictx != NULL) ctx->inner->finalize(ctx->ictx); /* it may hold our buffers */
     for (int i = 0; ctx->peers != NULL && i < ctx->size; i++) {
-        ipc_peer_t *p = &ctx->peers[i];
+        ipc_peer_t *p        = &ctx->peers[i];
         ipc_send_t *lists[2] = {p->sq_head, p->out};
         for (int k = 0; k < 2; k++) {
             while (lists[k] != NULL) {
@@ -1008,7 +1024,7 @@ static xccl_status_t ipc_init(const xccl_tp_init_params_t *params, xccl_tp_ctx_t
     xccl_tp_init_params_t ip;
     const ipc_dev_ops_t  *dev = NULL;
     xccl_status_t         st;
-    int                   nlocal = 0;
+    int                   nlocal       = 0;
     char                  why_shm[200] = "";
     const char           *inner_env;
 
@@ -1019,8 +1035,7 @@ static xccl_status_t ipc_init(const xccl_tp_init_params_t *params, xccl_tp_ctx_t
     if (st < 0) return XCCL_ERR_NOT_SUPPORTED; /* the reason is the thread's last error */
     for (int i = 0; i < params->size; i++)
         nlocal += i != params->rank && same_host(&params->peers[i], &params->peers[params->rank]);
-    if (nlocal == 0)
-        return xccl_error_set(XCCL_ERR_NOT_SUPPORTED, "no other rank on this host");
+    if (nlocal == 0) return xccl_error_set(XCCL_ERR_NOT_SUPPORTED, "no other rank on this host");
     ctx = calloc(1, sizeof(*ctx));
     if (ctx == NULL) return XCCL_ERROR(XCCL_ERR_NO_MEMORY, "cuda_ipc: init");
     ctx->rank  = params->rank;
@@ -1079,10 +1094,9 @@ static xccl_status_t ipc_init(const xccl_tp_init_params_t *params, xccl_tp_ctx_t
         char why_tcp[200];
         snprintf(why_tcp, sizeof(why_tcp), "%s", xccl_last_error());
         ipc_finalize(ctx);
-        return xccl_error_set(XCCL_ERR_NOT_SUPPORTED,
-                              "no host transport to carry its messages (shm: %s; tcp: %s)",
-                              why_shm[0] ? why_shm : "not usable",
-                              why_tcp[0] ? why_tcp : "not usable");
+        return xccl_error_set(
+            XCCL_ERR_NOT_SUPPORTED, "no host transport to carry its messages (shm: %s; tcp: %s)",
+            why_shm[0] ? why_shm : "not usable", why_tcp[0] ? why_tcp : "not usable");
     }
     XCCL_INFO("cuda_ipc: rank %d: %s device layer, messages through %s, %d local peer(s)",
               ctx->rank, dev->name, inner_names[ctx->inner_id], nlocal);
@@ -1100,10 +1114,10 @@ static int ipc_reachable(const xccl_tp_ctx_t *ctx, int peer)
 static xccl_status_t ipc_get_addr(xccl_tp_ctx_t *ctx, void *addr, size_t *len)
 {
     uint8_t       inner[XCCL_TP_ADDR_MAX];
-    size_t        ilen = sizeof(inner);
+    size_t        ilen  = sizeof(inner);
     uint32_t      magic = IPC_ADDR_MAGIC;
-    uint8_t      *a = addr;
-    xccl_status_t st = ctx->inner->get_addr(ctx->ictx, inner, &ilen);
+    uint8_t      *a     = addr;
+    xccl_status_t st    = ctx->inner->get_addr(ctx->ictx, inner, &ilen);
 
     if (st < 0) return st;
     if (ilen > XCCL_TP_ADDR_MAX - IPC_ADDR_HDR)
@@ -1133,8 +1147,9 @@ static xccl_status_t ipc_wireup(xccl_tp_ctx_t *ctx, const void *const *addrs, co
         const uint8_t *a = addrs[i];
         uint32_t       magic;
         if (!use[i] || i == ctx->rank) continue;
-        if (a == NULL || lens[i] < IPC_ADDR_HDR || (memcpy(&magic, a, 4), magic) != IPC_ADDR_MAGIC ||
-            a[4] != IPC_VERSION || a[5] < 1 || a[5] > 2) {
+        if (a == NULL || lens[i] < IPC_ADDR_HDR ||
+            (memcpy(&magic, a, 4), magic) != IPC_ADDR_MAGIC || a[4] != IPC_VERSION || a[5] < 1 ||
+            a[5] > 2) {
             st = XCCL_ERROR(XCCL_ERR_INVALID_ARG,
                             "cuda_ipc: rank %d: the address of rank %d is malformed (%zu bytes)",
                             ctx->rank, i, lens[i]);

@@ -41,8 +41,7 @@ static int overlaps(const ipc_entry_t *e, uint64_t base, uint64_t size)
     return base < e->base + e->size && e->base < base + size;
 }
 
-ipc_entry_t *ipc_cache_get(ipc_cache_t *c, int peer, uint64_t buf_id, uint64_t base,
-                           uint64_t size)
+ipc_entry_t *ipc_cache_get(ipc_cache_t *c, int peer, uint64_t buf_id, uint64_t base, uint64_t size)
 {
     ipc_entry_t *hit = NULL;
 
@@ -79,8 +78,7 @@ static void evict(ipc_cache_t *c)
     while (c->n > c->cap) {
         ipc_entry_t **victim = NULL;
         for (ipc_entry_t **pp = &c->live; *pp != NULL; pp = &(*pp)->next) {
-            if ((*pp)->refs == 0 && (victim == NULL || (*pp)->used < (*victim)->used))
-                victim = pp;
+            if ((*pp)->refs == 0 && (victim == NULL || (*pp)->used < (*victim)->used)) victim = pp;
         }
         if (victim == NULL) return; /* every one is in use: over the cap until they are not */
         {
@@ -93,8 +91,8 @@ static void evict(ipc_cache_t *c)
     }
 }
 
-ipc_entry_t *ipc_cache_add(ipc_cache_t *c, int peer, uint64_t buf_id, uint64_t base,
-                           uint64_t size, void *mapped, const void *handle)
+ipc_entry_t *ipc_cache_add(ipc_cache_t *c, int peer, uint64_t buf_id, uint64_t base, uint64_t size,
+                           void *mapped, const void *handle)
 {
     ipc_entry_t *e = calloc(1, sizeof(*e));
 
@@ -105,10 +103,10 @@ ipc_entry_t *ipc_cache_add(ipc_cache_t *c, int peer, uint64_t buf_id, uint64_t b
     e->size   = size;
     e->mapped = mapped;
     if (handle != NULL) memcpy(e->handle, handle, IPC_HANDLE_BYTES);
-    e->refs  = 1;
-    e->used  = ++c->clock;
-    e->next  = c->live;
-    c->live  = e;
+    e->refs = 1;
+    e->used = ++c->clock;
+    e->next = c->live;
+    c->live = e;
     c->n++;
     evict(c);
     return e;

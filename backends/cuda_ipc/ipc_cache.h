@@ -28,9 +28,9 @@ typedef struct ipc_entry {
     uint64_t          size;
     void             *mapped; /* importer: where it is mapped here                        */
     uint8_t           handle[IPC_HANDLE_BYTES]; /* exporter: its handle                   */
-    int               refs;   /* importer: copies using the mapping                       */
-    int               stale;  /* out of the cache, closed once refs drops to 0            */
-    uint64_t          used;   /* LRU clock                                                */
+    int               refs;  /* importer: copies using the mapping                       */
+    int               stale; /* out of the cache, closed once refs drops to 0            */
+    uint64_t          used;  /* LRU clock                                                */
 } ipc_entry_t;
 
 typedef struct ipc_cache {
@@ -50,13 +50,12 @@ void ipc_cache_init(ipc_cache_t *c, int cap, void (*close)(void *, void *), void
 /* The entry of (peer, buf_id) whose range is [base, base + size), taking a reference, or NULL.
  * Entries of `peer` whose range overlaps it with another buffer id are stale: dropped (closed
  * now, or when their last reference goes). */
-ipc_entry_t *ipc_cache_get(ipc_cache_t *c, int peer, uint64_t buf_id, uint64_t base,
-                           uint64_t size);
+ipc_entry_t *ipc_cache_get(ipc_cache_t *c, int peer, uint64_t buf_id, uint64_t base, uint64_t size);
 
 /* Adds an entry (with one reference); evicts least recently used unreferenced ones beyond the
  * cap. NULL when out of memory (the caller closes `mapped` itself then). */
-ipc_entry_t *ipc_cache_add(ipc_cache_t *c, int peer, uint64_t buf_id, uint64_t base,
-                           uint64_t size, void *mapped, const void *handle);
+ipc_entry_t *ipc_cache_add(ipc_cache_t *c, int peer, uint64_t buf_id, uint64_t base, uint64_t size,
+                           void *mapped, const void *handle);
 
 /* Drops a reference taken by get or add. */
 void ipc_cache_put(ipc_cache_t *c, ipc_entry_t *e);

@@ -18,8 +18,7 @@ _Static_assert(sizeof(CUipcMemHandle) == IPC_HANDLE_BYTES, "an IPC handle is 64 
 xccl_status_t ipc_dev_cuda_usable(void)
 {
     if (xccl_cuda_load() != XCCL_OK)
-        return xccl_error_set(XCCL_ERR_NOT_SUPPORTED, "no CUDA driver: %s",
-                              xccl_cuda_load_error());
+        return xccl_error_set(XCCL_ERR_NOT_SUPPORTED, "no CUDA driver: %s", xccl_cuda_load_error());
     if (xccl_cuda_device() < 0)
         return xccl_error_set(XCCL_ERR_NOT_SUPPORTED,
                               "this process has not chosen a CUDA device (xccl_cuda_set_device) "
@@ -30,9 +29,9 @@ xccl_status_t ipc_dev_cuda_usable(void)
 static xccl_status_t cu_ptr_info(const void *ptr, size_t n, uint64_t *base, uint64_t *size,
                                  uint64_t *buf_id, int *ipc_ok)
 {
-    CUdeviceptr        b = 0;
-    size_t             sz = 0;
-    unsigned long long id = 0;
+    CUdeviceptr        b      = 0;
+    size_t             sz     = 0;
+    unsigned long long id     = 0;
     int                legacy = 0; /* the driver writes a bool or an int: either reads != 0 */
     CUresult           rc;
 
@@ -51,7 +50,8 @@ static xccl_status_t cu_ptr_info(const void *ptr, size_t n, uint64_t *base, uint
         const char *name = NULL;
         if (xccl_cu.GetErrorName(rc, &name) != CUDA_SUCCESS || name == NULL) name = "?";
         XCCL_INFO("cuda_ipc: no buffer id or IPC capability for %p (%s): sent through host "
-                  "memory", ptr, name);
+                  "memory",
+                  ptr, name);
         legacy = 0;
     }
     *base   = (uint64_t)b;

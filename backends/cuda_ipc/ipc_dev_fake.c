@@ -30,15 +30,15 @@ typedef struct fake_op {
     struct fake_op *next;
     int             is_event;
     /* copy */
-    void           *dst;
-    const void     *src;
-    size_t          n;
-    int32_t         pid;
+    void       *dst;
+    const void *src;
+    size_t      n;
+    int32_t     pid;
     /* event */
-    int             tests_left;
-    int             done;   /* ran (events: everything before it ran)                 */
-    int             freed;  /* the owner gave it back before it ran                    */
-    xccl_status_t   status; /* of the copies since the previous event                 */
+    int           tests_left;
+    int           done;   /* ran (events: everything before it ran)                 */
+    int           freed;  /* the owner gave it back before it ran                    */
+    xccl_status_t status; /* of the copies since the previous event                 */
 } fake_op_t;
 
 static struct {
@@ -64,8 +64,8 @@ static xccl_status_t fake_ptr_info(const void *ptr, size_t n, uint64_t *base, ui
 {
     uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), p = (uint64_t)(uintptr_t)ptr;
 
-    *base   = p / page * page;
-    *size   = (p + n + page - 1) / page * page - *base;
+    *base = p / page * page;
+    *size = (p + n + page - 1) / page * page - *base;
     if (*size == 0) *size = page;
     *buf_id = (*base * 0x9e3779b97f4a7c15ull) ^ (*size * 0xc2b2ae3d27d4eb4full);
     *ipc_ok = ipc_dev_fake_legacy();
@@ -82,12 +82,11 @@ static xccl_status_t fake_export(uint64_t base, uint64_t size, uint64_t buf_id,
     return XCCL_OK;
 }
 
-static xccl_status_t fake_import(int32_t pid, const uint8_t handle[IPC_HANDLE_BYTES],
-                                 void **mapped)
+static xccl_status_t fake_import(int32_t pid, const uint8_t handle[IPC_HANDLE_BYTES], void **mapped)
 {
     fake_handle_t h;
 
-    const char   *mode = getenv("XCCL_CUDA_IPC_FAKE");
+    const char *mode = getenv("XCCL_CUDA_IPC_FAKE");
 
     if (mode != NULL && strcmp(mode, "noimport") == 0)
         return xccl_error_set(XCCL_ERR_CUDA, "fake IPC: opening handles refused (noimport)");
@@ -107,8 +106,10 @@ static void fake_close(void *mapped)
 
 static void fake_push(fake_op_t *o)
 {
-    if (fk.tail != NULL) fk.tail->next = o;
-    else fk.head = o;
+    if (fk.tail != NULL)
+        fk.tail->next = o;
+    else
+        fk.head = o;
     fk.tail = o;
 }
 
@@ -167,8 +168,8 @@ static xccl_status_t fake_record(void **ev)
     o->tests_left = 2 + (int)((fk.rng >> 33) % 3);
     /* "stuckcopy": an event after a read of a peer's memory never completes by testing
      * (only event_wait runs it): a copy caught in flight by a failure */
-    if (fk.tail != NULL && !fk.tail->is_event && fk.tail->pid != 0 && getenv("XCCL_CUDA_IPC_FAKE") &&
-        strcmp(getenv("XCCL_CUDA_IPC_FAKE"), "stuckcopy") == 0)
+    if (fk.tail != NULL && !fk.tail->is_event && fk.tail->pid != 0 &&
+        getenv("XCCL_CUDA_IPC_FAKE") && strcmp(getenv("XCCL_CUDA_IPC_FAKE"), "stuckcopy") == 0)
         o->tests_left = INT_MAX;
     fake_push(o);
     pthread_mutex_unlock(&fk.lock);
@@ -206,8 +207,10 @@ static void fake_free(void *ev)
 
     if (o == NULL) return;
     pthread_mutex_lock(&fk.lock);
-    if (o->done) free(o);
-    else o->freed = 1; /* freed when the stream reaches it */
+    if (o->done)
+        free(o);
+    else
+        o->freed = 1; /* freed when the stream reaches it */
     pthread_mutex_unlock(&fk.lock);
 }
 

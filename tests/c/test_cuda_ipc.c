@@ -17,8 +17,8 @@
  *     memory), a peer that exits while a device send waits for its ACK (named error, no
  *     hang), a peer that exits while the receiver's copy of its data is in flight (the copy
  *     waited for, then the receive fails naming it), and a device send nobody receives timing
- *     out (the core closes the pair). Every run checks that nothing was staged by the core: the device path ran.
- * Results are compared with values computed from rank and index.
+ *     out (the core closes the pair). Every run checks that nothing was staged by the core: the
+ * device path ran. Results are compared with values computed from rank and index.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -151,8 +151,10 @@ static void *mem_alloc(xccl_mem_type_t m, size_t n)
 }
 static void mem_free(xccl_mem_type_t m, void *p)
 {
-    if (m == XCCL_MEM_CUDA) dfree(p);
-    else free(p);
+    if (m == XCCL_MEM_CUDA)
+        dfree(p);
+    else
+        free(p);
 }
 
 static xccl_comm_t *comm_new(int rank, int size, int64_t timeout_ms)
@@ -249,8 +251,8 @@ static void test_ring(xccl_comm_t *c, xccl_mem_type_t smem, xccl_mem_type_t rmem
         char         what[96];
 
         snprintf(what, sizeof(what), "ring %s->%s n=%zu rank %d",
-                 smem == XCCL_MEM_CUDA ? "dev" : "host", rmem == XCCL_MEM_CUDA ? "dev" : "host",
-                 n, rank);
+                 smem == XCCL_MEM_CUDA ? "dev" : "host", rmem == XCCL_MEM_CUDA ? "dev" : "host", n,
+                 rank);
         fill(s, n, rank, salt + k);
         if (post(c, 0, r, cap, from, 10 + (uint32_t)k, rmem, &wr) == XCCL_OK &&
             post(c, 1, s, n, to, 10 + (uint32_t)k, smem, &ws) == XCCL_OK &&
@@ -484,8 +486,8 @@ static void test_mixed_order(xccl_comm_t *c)
 static void test_cache_reuse(xccl_comm_t *c)
 {
     int              rank = xccl_comm_rank(c);
-    size_t           n = 256u << 10;
-    void            *b = dalloc(n);
+    size_t           n    = 256u << 10;
+    void            *b    = dalloc(n);
     ipc_test_stats_t s0, s1;
 
     if (rank > 1) {
@@ -539,7 +541,7 @@ static int child(int rank, int size, void *arg)
 {
     xccl_comm_t     *c;
     ipc_test_stats_t s;
-    int              mode = (int)(intptr_t)arg; /* 0, 1 nolegacy, 2 noimport, 3 over tcp */
+    int              mode     = (int)(intptr_t)arg; /* 0, 1 nolegacy, 2 noimport, 3 over tcp */
     int              nolegacy = mode == 1;
 
     (void)size;
@@ -803,8 +805,8 @@ int main(void)
         for (int t = 0; t < 7; t++) {
             for (int g = 0; g < 4; g++) {
                 char path[300];
-                snprintf(path, sizeof(path), "/tmp/xccl-test-ipc-%d-%s-%d", (int)getpid(),
-                         tags[t], g);
+                snprintf(path, sizeof(path), "/tmp/xccl-test-ipc-%d-%s-%d", (int)getpid(), tags[t],
+                         g);
                 unlink(path);
             }
             char path[300];
