@@ -145,6 +145,10 @@ typedef struct ipc_peer {
     int         copying;           /* receive items in R_COPY                              */
     int         resending;         /* SEND_RESEND sends whose copy to host runs            */
     int         no_import;         /* it cannot map our memory: device sends go as bytes   */
+    /* dropped by us from inside an upcall of the inner transport: its close_peer runs at the
+     * end of the progress pass (not re-entered from its own upcall) */
+    int  close_pending;
+    char close_why[256];
 } ipc_peer_t;
 
 struct xccl_tp_ctx {
@@ -310,18 +314,24 @@ static void fail_peer(xccl_tp_ctx_t *ctx, int peer, xccl_status_t st, const char
 }
 
 /* Drops the peer: ours fail (with `why`), then the inner transport's (it is told `cause`, to
- * which it adds who closed what), then the core hears of it. */
+ * which it adds who closed what; at the end of the progress pass when `later`: we may be
+ * inside one of its upcalls), then the core hears of it. */
 static void drop_peer(xccl_tp_ctx_t *ctx, int peer, xccl_status_t st, const char *why,
-                      const char *cause)
+                      const char *cause, int later)
 {
-    int was_dead = ctx->peers[peer].dead;
+    ipc_peer_t *p        = &ctx->peers[peer];
+    int         was_dead = p->dead;
 
     fail_peer(ctx, peer, st, why);
     if (was_dead) return;
-    if (ctx->inner->close_peer != NULL)
+    if (later && ctx->inner->close_peer != NULL) {
+        p->close_pending = 1;
+        snprintf(p->close_why, sizeof(p->close_why), "%s", cause);
+    } else if (ctx->inner->close_peer != NULL) {
         ctx->inner->close_peer(ctx->ictx, peer, cause);
-    else
+    } else {
         ctx->up->peer_failed(ctx->up->core, peer, st, why);
+    }
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -354,7 +364,7 @@ static int desc_match(xccl_tp_ctx_t *ctx, ipc_recv_t *r, int *nev)
                  " bytes) refused: %s",
                  peer, d->hdr.comm_id, d->hdr.tag, d->hdr.nbytes, xccl_status_string(st));
         recv_free(ctx, r);
-        drop_peer(ctx, peer, st, why, why);
+        drop_peer(ctx, peer, st, why, why, 1);
         return 0;
     }
     r->cookie = cookie;
@@ -434,7 +444,7 @@ static void desc_arrived(xccl_tp_ctx_t *ctx, ipc_recv_t *r, int *nev)
         int peer = r->peer;
         snprintf(why, sizeof(why), "malformed device-message descriptor from rank %d", peer);
         recv_free(ctx, r);
-        drop_peer(ctx, peer, XCCL_ERR_REMOTE, why, why);
+        drop_peer(ctx, peer, XCCL_ERR_REMOTE, why, why, 1);
         return;
     }
     (void)desc_match(ctx, r, nev);
@@ -455,8 +465,9 @@ static void ack_arrived(xccl_tp_ctx_t *ctx, int peer, uint64_t send_id, int ok)
         send_finish(ctx, s, ok ? XCCL_OK : XCCL_ERR_REMOTE);
         return;
     }
-    XCCL_WARN("cuda_ipc: rank %d: ACK of unknown send %" PRIu64 " from rank %d", ctx->rank, send_id,
-              peer);
+    if (!p->dead)
+        XCCL_WARN("cuda_ipc: rank %d: ACK of unknown send %" PRIu64 " from rank %d", ctx->rank,
+                  send_id, peer);
 }
 
 /* The peer cannot map our memory: copy the descriptor's bytes to host memory, to be sent as
@@ -531,6 +542,13 @@ static xccl_status_t shim_recv_match(void *core, int peer, const xccl_msg_hdr_t 
     ipc_peer_t    *p   = &ctx->peers[peer];
     xccl_status_t  st;
 
+    if (p->dead) { /* dropped by us; the inner transport closes it at the end of the pass */
+        dst->ptr = NULL;
+        dst->mem = XCCL_MEM_HOST;
+        dst->mr  = NULL;
+        *cookie  = IPC_NOTHING;
+        return XCCL_OK;
+    }
     if (hdr->comm_id == IPC_COMM) {
         dst->mem = XCCL_MEM_HOST;
         dst->mr  = NULL;
@@ -622,6 +640,9 @@ static void shim_recv_done(void *core, void *cookie, xccl_status_t st)
     }
     if (cookie == IPC_NOTHING) return;
     r = IPC_UNTAG(cookie);
+    if (st >= 0 && ctx->peers[r->peer].dead) /* dropped meanwhile: its data is not used */
+        st = xccl_error_set(XCCL_ERR_REMOTE, "cuda_ipc: rank %d: rank %d was dropped", ctx->rank,
+                            r->peer);
     if (r->type == RECV_DESC && r->state == R_DATA && (st < 0 || r->bounce == NULL)) {
         void *c = r->cookie; /* the bytes of a RESEND landed in host memory (or failed) */
         recv_free(ctx, r);
@@ -673,6 +694,7 @@ static void shim_peer_failed(void *core, int peer, xccl_status_t st, const char 
 {
     xccl_tp_ctx_t *ctx = core;
 
+    ctx->peers[peer].close_pending = 0; /* closed already */
     fail_peer(ctx, peer, st, why);
     ctx->up->peer_failed(ctx->up->core, peer, st, why);
 }
@@ -898,6 +920,11 @@ static xccl_status_t ipc_progress(xccl_tp_ctx_t *ctx, int *nevents)
     nev += k;
     for (int i = 0; i < ctx->size; i++) {
         ipc_peer_t *p = &ctx->peers[i];
+        if (p->close_pending) { /* dropped inside an upcall of the inner transport */
+            p->close_pending = 0;
+            ctx->inner->close_peer(ctx->ictx, i, p->close_why);
+            nev++;
+        }
         if (!p->local || p->dead) continue;
         if (p->sq_head != NULL) push_sends(ctx, i, &nev);
         if (p->copying > 0) copies_progress(ctx, i, &nev);
@@ -948,7 +975,7 @@ static void ipc_close_peer(xccl_tp_ctx_t *ctx, int peer, const char *why)
     }
     snprintf(msg, sizeof(msg), "connection to rank %d closed by rank %d: %s", peer, ctx->rank,
              why ? why : "closed");
-    drop_peer(ctx, peer, XCCL_ERR_REMOTE, msg, why ? why : "closed");
+    drop_peer(ctx, peer, XCCL_ERR_REMOTE, msg, why ? why : "closed", 0);
 }
 
 /* ---------------------------------------------------------------------------------------------
