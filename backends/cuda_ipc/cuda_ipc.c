@@ -1224,8 +1224,8 @@ const xccl_transport_ops_t xccl_transport_cuda_ipc = {
     .caps        = XCCL_TP_CAP_HOST_MEM | XCCL_TP_CAP_CUDA_MEM | XCCL_TP_CAP_INTRA_HOST |
                    XCCL_TP_CAP_RECV_PULL | XCCL_TP_CAP_DEFER,
     .priority    = 30, /* above shm: it carries host messages through its own shm */
-    /* the host path is shm's; a device message adds a descriptor, an event and an ACK */
-    .alpha       = 2e-6,
+    /* the host path is shm's; a device message adds an event, a descriptor and an ACK */
+    .alpha       = 3e-6,
     .beta        = 1.0 / 6e9,
     .init        = ipc_init,
     .finalize    = ipc_finalize,

@@ -582,14 +582,15 @@ xccl_status_t xccl_ctx_create(const xccl_comm_config_t *cfg, xccl_ctx_t **out)
     XCCL_CHECK_GOTO(tune_agree(ctx, recs, tune_hash, tune_st, tune_path, tune_err), st, out);
 
     /* the models communicators price links with (topo.c), the same on every rank: from the
-     * transports asked for, less those between hosts that no rank could start (ibverbs on a
-     * cluster without RDMA must not price its TCP links as RDMA ones). Every rank sees the
-     * same address records, so every rank drops the same. */
+     * transports asked for, less those that no rank could start (ibverbs on a cluster
+     * without RDMA must not price its TCP links as RDMA ones; cuda_ipc in processes without a
+     * GPU must not price, or name for the tuning table, the shm links they use). Every rank
+     * sees the same address records, so every rank drops the same. */
     {
         const xccl_transport_ops_t *price[XCCL_MAX_TRANSPORTS];
         int                         nprice = 0;
         for (int i = 0; i < ncand; i++) {
-            int started = (cand[i]->caps & XCCL_TP_CAP_INTRA_HOST) != 0;
+            int started = 0;
             for (int k = 0; k < ctx->ntp && !started; k++) started = ctx->tp[k].ops == cand[i];
             for (int r = 0; r < cfg->size && !started; r++) {
                 for (int j = 0; r != cfg->rank && j < recs[r].ntp && !started; j++)

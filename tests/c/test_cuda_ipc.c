@@ -202,7 +202,10 @@ static xccl_status_t wait_ok(xccl_work_t *w, const char *what)
 static xccl_status_t post(xccl_comm_t *c, int send, void *buf, size_t n, int peer, uint32_t tag,
                           xccl_mem_type_t mem, xccl_work_t **w)
 {
-    xccl_status_t st = xccl_p2p_post_mem(c, send, buf, n, peer, tag, mem, w);
+    xccl_p2p_opts_t o  = {.mem = mem};
+    xccl_status_t   st = send ? xccl_isend_opts(c, buf, n, peer, tag, &o, w)
+                              : xccl_irecv_opts(c, buf, n, peer, tag, &o, w);
+
     CHECK_MSG(st == XCCL_OK, "post: %s", xccl_last_error());
     return st;
 }
@@ -757,6 +760,29 @@ static int child_timeout(int rank, int size, void *arg)
     return ctest_failures != 0;
 }
 
+/* The links are priced with the transports some rank started: cuda_ipc where it runs, shm
+ * where it could not start (no device: XCCL_CUDA_IPC_FAKE unset, no driver here). */
+static int child_model(int rank, int size, void *arg)
+{
+    extern const xccl_transport_ops_t xccl_transport_shm;
+    const xccl_transport_ops_t       *want = arg != NULL ? &xccl_transport_cuda_ipc
+                                                         : &xccl_transport_shm;
+    char                              path[300];
+    xccl_comm_t                      *c;
+
+    snprintf(path, sizeof(path), "%s-model", store_path);
+    c = ctest_file_comm(path, rank, size, 30000, "ipc-model", "cuda_ipc,shm");
+    if (c == NULL) return 2;
+    CHECK_MSG(c->ctx->tp[0].ops == (arg != NULL ? &xccl_transport_cuda_ipc : &xccl_transport_shm),
+              "model: runs on %s", c->ctx->tp[0].ops->name);
+    CHECK_MSG(c->ctx->model_intra.alpha == want->alpha && c->ctx->model_intra.beta == want->beta,
+              "model: links priced at alpha %g (want %s's %g)", c->ctx->model_intra.alpha,
+              want->name, want->alpha);
+    sync_all(c);
+    xccl_comm_destroy(c);
+    return ctest_failures != 0;
+}
+
 int main(void)
 {
     static const int nranks[] = {2, 3};
@@ -775,6 +801,13 @@ int main(void)
         store_gen = 0;
         failed += ctest_fork_ranks("test_cuda_ipc", nranks[k], child, NULL);
     }
+    /* the cost model follows the transports that started */
+    unsetenv("XCCL_CUDA_IPC_FAKE");
+    snprintf(store_path, sizeof(store_path), "/tmp/xccl-test-ipc-%d-m0", (int)getpid());
+    failed += ctest_fork_ranks("test_cuda_ipc model (no device)", 2, child_model, NULL);
+    setenv("XCCL_CUDA_IPC_FAKE", "1", 1);
+    snprintf(store_path, sizeof(store_path), "/tmp/xccl-test-ipc-%d-m1", (int)getpid());
+    failed += ctest_fork_ranks("test_cuda_ipc model", 2, child_model, (void *)1);
     /* messages through tcp instead of shm */
     setenv("XCCL_CUDA_IPC_INNER", "tcp", 1);
     snprintf(store_path, sizeof(store_path), "/tmp/xccl-test-ipc-%d-tcp", (int)getpid());
@@ -801,8 +834,8 @@ int main(void)
     store_gen = 0;
     failed += ctest_fork_ranks("test_cuda_ipc copy kill", 2, child_copy_kill, NULL);
     {
-        const char *tags[] = {"2", "3", "tcp", "nl", "ni", "kill", "ck"};
-        for (int t = 0; t < 7; t++) {
+        const char *tags[] = {"2", "3", "m0", "m1", "tcp", "nl", "ni", "kill", "ck"};
+        for (int t = 0; t < 9; t++) {
             for (int g = 0; g < 4; g++) {
                 char path[300];
                 snprintf(path, sizeof(path), "/tmp/xccl-test-ipc-%d-%s-%d", (int)getpid(), tags[t],
@@ -813,6 +846,9 @@ int main(void)
             snprintf(path, sizeof(path), "/tmp/xccl-test-ipc-%d-%s-held", (int)getpid(), tags[t]);
             unlink(path);
             snprintf(path, sizeof(path), "/tmp/xccl-test-ipc-%d-%s-tmo", (int)getpid(), tags[t]);
+            unlink(path);
+            snprintf(path, sizeof(path), "/tmp/xccl-test-ipc-%d-%s-model", (int)getpid(),
+                     tags[t]);
             unlink(path);
         }
     }
