@@ -765,15 +765,16 @@ static int child_timeout(int rank, int size, void *arg)
 static int child_model(int rank, int size, void *arg)
 {
     extern const xccl_transport_ops_t xccl_transport_shm;
-    const xccl_transport_ops_t       *want = arg != NULL ? &xccl_transport_cuda_ipc
-                                                         : &xccl_transport_shm;
-    char                              path[300];
-    xccl_comm_t                      *c;
+    const xccl_transport_ops_t *want = arg != NULL ? &xccl_transport_cuda_ipc : &xccl_transport_shm;
+    char                        path[300];
+    xccl_comm_t                *c;
 
     snprintf(path, sizeof(path), "%s-model", store_path);
-    c = ctest_file_comm(path, rank, size, 30000, "ipc-model", "cuda_ipc,shm");
+    c = ctest_file_comm(path, rank, size, 30000, "ipc-model", "cuda_ipc,shm,tcp");
     if (c == NULL) return 2;
-    CHECK_MSG(c->ctx->tp[0].ops == (arg != NULL ? &xccl_transport_cuda_ipc : &xccl_transport_shm),
+    /* one rank: nothing same-host starts; the host-memory one prices the links */
+    CHECK_MSG(size == 1 || c->ctx->tp[0].ops ==
+                               (arg != NULL ? &xccl_transport_cuda_ipc : &xccl_transport_shm),
               "model: runs on %s", c->ctx->tp[0].ops->name);
     CHECK_MSG(c->ctx->model_intra.alpha == want->alpha && c->ctx->model_intra.beta == want->beta,
               "model: links priced at alpha %g (want %s's %g)", c->ctx->model_intra.alpha,
@@ -805,6 +806,8 @@ int main(void)
     unsetenv("XCCL_CUDA_IPC_FAKE");
     snprintf(store_path, sizeof(store_path), "/tmp/xccl-test-ipc-%d-m0", (int)getpid());
     failed += ctest_fork_ranks("test_cuda_ipc model (no device)", 2, child_model, NULL);
+    snprintf(store_path, sizeof(store_path), "/tmp/xccl-test-ipc-%d-m2", (int)getpid());
+    failed += ctest_fork_ranks("test_cuda_ipc model (one rank)", 1, child_model, NULL);
     setenv("XCCL_CUDA_IPC_FAKE", "1", 1);
     snprintf(store_path, sizeof(store_path), "/tmp/xccl-test-ipc-%d-m1", (int)getpid());
     failed += ctest_fork_ranks("test_cuda_ipc model", 2, child_model, (void *)1);
@@ -834,8 +837,8 @@ int main(void)
     store_gen = 0;
     failed += ctest_fork_ranks("test_cuda_ipc copy kill", 2, child_copy_kill, NULL);
     {
-        const char *tags[] = {"2", "3", "m0", "m1", "tcp", "nl", "ni", "kill", "ck"};
-        for (int t = 0; t < 9; t++) {
+        const char *tags[] = {"2", "3", "m0", "m1", "m2", "tcp", "nl", "ni", "kill", "ck"};
+        for (int t = 0; t < 10; t++) {
             for (int g = 0; g < 4; g++) {
                 char path[300];
                 snprintf(path, sizeof(path), "/tmp/xccl-test-ipc-%d-%s-%d", (int)getpid(), tags[t],
@@ -847,8 +850,7 @@ int main(void)
             unlink(path);
             snprintf(path, sizeof(path), "/tmp/xccl-test-ipc-%d-%s-tmo", (int)getpid(), tags[t]);
             unlink(path);
-            snprintf(path, sizeof(path), "/tmp/xccl-test-ipc-%d-%s-model", (int)getpid(),
-                     tags[t]);
+            snprintf(path, sizeof(path), "/tmp/xccl-test-ipc-%d-%s-model", (int)getpid(), tags[t]);
             unlink(path);
         }
     }
