@@ -9,7 +9,9 @@
 
 #include <string.h>
 
-#include "cuda/cuda_lib.h"
+/* the device layer is internal to xccl (csrc/cuda), not part of the transport API: named by
+ * its path, so that this file builds with the public include path of the backends too */
+#include "../../csrc/cuda/cuda_lib.h"
 #include "ipc_dev.h"
 #include "xccl/xccl_tp_support.h"
 
