@@ -28,6 +28,8 @@ xccl_status_t ipc_dev_cuda_usable(void)
     return XCCL_OK;
 }
 
+/* Never fails: what the driver cannot tell sends the data through host memory (slower,
+ * never wrong: cuMemcpyAsync reaches any pointer with unified addressing). */
 static xccl_status_t cu_ptr_info(const void *ptr, size_t n, uint64_t *base, uint64_t *size,
                                  uint64_t *buf_id, int *ipc_ok)
 {
@@ -36,24 +38,26 @@ static xccl_status_t cu_ptr_info(const void *ptr, size_t n, uint64_t *base, uint
     unsigned long long id     = 0;
     int                legacy = 0; /* the driver writes a bool or an int: either reads != 0 */
     CUresult           rc;
+    const char        *what = "cuMemGetAddressRange";
 
-    (void)n;
     XCCL_CHECK(xccl_cuda_enter());
-    XCCL_CU_CHECK(xccl_cu.MemGetAddressRange(&b, &sz, (CUdeviceptr)(uintptr_t)ptr),
-                  "cuda_ipc: cuMemGetAddressRange of a send buffer");
-    /* without a buffer id (stale mappings could not be told) or the capability, the data
-     * goes through host memory: slower, never wrong */
-    rc = xccl_cu.PointerGetAttribute(&id, CU_POINTER_ATTRIBUTE_BUFFER_ID,
-                                     (CUdeviceptr)(uintptr_t)ptr);
-    if (rc == CUDA_SUCCESS)
-        rc = xccl_cu.PointerGetAttribute(&legacy, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
-                                         (CUdeviceptr)(uintptr_t)ptr);
+    rc = xccl_cu.MemGetAddressRange(&b, &sz, (CUdeviceptr)(uintptr_t)ptr);
+    if (rc == CUDA_SUCCESS) {
+        what = "the buffer id";
+        rc   = xccl_cu.PointerGetAttribute(&id, CU_POINTER_ATTRIBUTE_BUFFER_ID,
+                                           (CUdeviceptr)(uintptr_t)ptr);
+    }
+    if (rc == CUDA_SUCCESS) {
+        what = "the IPC capability";
+        rc   = xccl_cu.PointerGetAttribute(&legacy, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
+                                           (CUdeviceptr)(uintptr_t)ptr);
+    }
     if (rc != CUDA_SUCCESS) {
         const char *name = NULL;
         if (xccl_cu.GetErrorName(rc, &name) != CUDA_SUCCESS || name == NULL) name = "?";
-        XCCL_INFO("cuda_ipc: no buffer id or IPC capability for %p (%s): sent through host "
-                  "memory",
-                  ptr, name);
+        XCCL_INFO("cuda_ipc: %s of %p: %s: sent through host memory", what, ptr, name);
+        b      = (CUdeviceptr)(uintptr_t)ptr;
+        sz     = n;
         legacy = 0;
     }
     *base   = (uint64_t)b;
