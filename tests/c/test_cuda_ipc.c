@@ -784,6 +784,84 @@ static int child_model(int rank, int size, void *arg)
     return ctest_failures != 0;
 }
 
+#if defined(XCCL_HAVE_CUDA) && defined(FAKE_CUDA_LIB)
+/* The transport's real device layer (ipc_dev_cuda.c on csrc/cuda) with the CUDA executor, on
+ * the fake driver (fake_cuda.cc, $XCCL_CUDA_LIB, whose IPC handles are read across processes
+ * with process_vm_readv): descriptors, handles opened and cached, copies and events on xccl's
+ * stream; allreduce runs the executor's kernels. */
+static int child_drv(int rank, int size, void *arg)
+{
+    static const size_t    nb[] = {0, 1, 4099, (1u << 20) + 3};
+    const xccl_exec_ops_t *ex;
+    xccl_comm_t           *c;
+    ipc_test_stats_t       s;
+    int                    to = (rank + 1) % size, from = (rank + size - 1) % size;
+
+    (void)arg;
+    if (xccl_cuda_set_device(0) != XCCL_OK) {
+        fprintf(stderr, "rank %d: xccl_cuda_set_device: %s\n", rank, xccl_last_error());
+        return 2;
+    }
+    ex = xccl_exec_for(XCCL_MEM_CUDA);
+    c  = comm_new(rank, size, 60000);
+    dev_lock = NULL; /* the real executor is thread-safe */
+    if (ex == NULL || c == NULL) return 2;
+    CHECK_MSG(c->ctx->tp[0].ops == &xccl_transport_cuda_ipc, "drv: runs on %s",
+              c->ctx->tp[0].ops->name);
+    for (size_t k = 0; k < sizeof(nb) / sizeof(nb[0]); k++) {
+        size_t       n = nb[k];
+        uint8_t     *sb = ex->alloc(n + 1), *rb = ex->alloc(n + 8);
+        xccl_work_t *ws = NULL, *wr = NULL;
+        char         what[64];
+
+        snprintf(what, sizeof(what), "drv ring n=%zu rank %d", n, rank);
+        if (sb == NULL || rb == NULL) return 2;
+        /* the fake driver's device memory is host memory: filled and read directly */
+        for (size_t i = 0; i < n; i++)
+            sb[i] = pat(rank, i, 3);
+        memset(rb, 0xA5, n + 8);
+        if (post(c, 0, rb, n + 8, from, 3, XCCL_MEM_CUDA, &wr) == XCCL_OK &&
+            post(c, 1, sb, n, to, 3, XCCL_MEM_CUDA, &ws) == XCCL_OK &&
+            wait_ok(ws, what) == XCCL_OK && wait_ok(wr, what) == XCCL_OK)
+            (void)check(rb, n, n + 8, from, 3, what);
+        if (ws) xccl_work_release(ws);
+        if (wr) xccl_work_release(wr);
+        ex->free(sb);
+        ex->free(rb);
+    }
+    {
+        size_t           n  = 100003;
+        float           *sb = ex->alloc(n * 4), *rb = ex->alloc(n * 4);
+        xccl_coll_opts_t o  = {.algo = "ring", .mem = XCCL_MEM_CUDA};
+        xccl_work_t     *w  = NULL;
+        int              bad = -1;
+        for (size_t i = 0; i < n; i++)
+            sb[i] = val(rank, i);
+        if (xccl_allreduce(c, sb, rb, n, XCCL_FLOAT32, XCCL_OP_SUM, &o, &w) == XCCL_OK &&
+            wait_ok(w, "drv allreduce") == XCCL_OK) {
+            for (size_t i = 0; i < n && bad < 0; i++) {
+                float want = 0;
+                for (int q = 0; q < size; q++)
+                    want += val(q, i);
+                if (rb[i] != want) bad = (int)i;
+            }
+            CHECK_MSG(bad < 0, "drv allreduce: element %d wrong", bad);
+        }
+        if (w) xccl_work_release(w);
+        ex->free(sb);
+        ex->free(rb);
+    }
+    stats(c, &s);
+    CHECK_MSG(s.dev_sends > 0 && s.desc_recvs > 0 && s.bounce_sends == 0 && staged(c) == 0,
+              "drv: %llu descriptors, %llu copied, %llu bounced sends, %llu staged",
+              (unsigned long long)s.dev_sends, (unsigned long long)s.desc_recvs,
+              (unsigned long long)s.bounce_sends, (unsigned long long)staged(c));
+    sync_all(c);
+    xccl_comm_destroy(c);
+    return ctest_failures != 0;
+}
+#endif
+
 int main(void)
 {
     static const int nranks[] = {2, 3};
@@ -836,9 +914,19 @@ int main(void)
     snprintf(store_path, sizeof(store_path), "/tmp/xccl-test-ipc-%d-ck", (int)getpid());
     store_gen = 0;
     failed += ctest_fork_ranks("test_cuda_ipc copy kill", 2, child_copy_kill, NULL);
+#if defined(XCCL_HAVE_CUDA) && defined(FAKE_CUDA_LIB)
+    unsetenv("XCCL_CUDA_IPC_FAKE");
+    setenv("XCCL_CUDA_LIB", FAKE_CUDA_LIB, 1);
+    snprintf(store_path, sizeof(store_path), "/tmp/xccl-test-ipc-%d-drv", (int)getpid());
+    store_gen = 0;
+    failed += ctest_fork_ranks("test_cuda_ipc fake driver", 2, child_drv, NULL);
+    unsetenv("XCCL_CUDA_LIB");
+#else
+    printf("test_cuda_ipc: the device layer on the fake driver skipped (no CUDA headers)\n");
+#endif
     {
-        const char *tags[] = {"2", "3", "m0", "m1", "m2", "tcp", "nl", "ni", "kill", "ck"};
-        for (int t = 0; t < 10; t++) {
+        const char *tags[] = {"2", "3", "m0", "m1", "m2", "tcp", "nl", "ni", "kill", "ck", "drv"};
+        for (int t = 0; t < 11; t++) {
             for (int g = 0; g < 4; g++) {
                 char path[300];
                 snprintf(path, sizeof(path), "/tmp/xccl-test-ipc-%d-%s-%d", (int)getpid(), tags[t],
