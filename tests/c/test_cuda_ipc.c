@@ -802,14 +802,14 @@ static int child_drv(int rank, int size, void *arg)
         fprintf(stderr, "rank %d: xccl_cuda_set_device: %s\n", rank, xccl_last_error());
         return 2;
     }
-    ex = xccl_exec_for(XCCL_MEM_CUDA);
-    c  = comm_new(rank, size, 60000);
+    ex       = xccl_exec_for(XCCL_MEM_CUDA);
+    c        = comm_new(rank, size, 60000);
     dev_lock = NULL; /* the real executor is thread-safe */
     if (ex == NULL || c == NULL) return 2;
     CHECK_MSG(c->ctx->tp[0].ops == &xccl_transport_cuda_ipc, "drv: runs on %s",
               c->ctx->tp[0].ops->name);
     for (size_t k = 0; k < sizeof(nb) / sizeof(nb[0]); k++) {
-        size_t       n = nb[k];
+        size_t       n  = nb[k];
         uint8_t     *sb = ex->alloc(n + 1), *rb = ex->alloc(n + 8);
         xccl_work_t *ws = NULL, *wr = NULL;
         char         what[64];
@@ -832,8 +832,8 @@ static int child_drv(int rank, int size, void *arg)
     {
         size_t           n  = 100003;
         float           *sb = ex->alloc(n * 4), *rb = ex->alloc(n * 4);
-        xccl_coll_opts_t o  = {.algo = "ring", .mem = XCCL_MEM_CUDA};
-        xccl_work_t     *w  = NULL;
+        xccl_coll_opts_t o   = {.algo = "ring", .mem = XCCL_MEM_CUDA};
+        xccl_work_t     *w   = NULL;
         int              bad = -1;
         for (size_t i = 0; i < n; i++)
             sb[i] = val(rank, i);
@@ -922,7 +922,8 @@ int main(void)
     failed += ctest_fork_ranks("test_cuda_ipc fake driver", 2, child_drv, NULL);
     unsetenv("XCCL_CUDA_LIB");
 #else
-    printf("test_cuda_ipc: the device layer on the fake driver skipped (no CUDA headers)\n");
+    printf("test_cuda_ipc: the device layer on the fake driver skipped (needs the CUDA headers "
+           "and FAKE_CUDA_LIB)\n");
 #endif
     {
         const char *tags[] = {"2", "3", "m0", "m1", "m2", "tcp", "nl", "ni", "kill", "ck", "drv"};
