@@ -106,7 +106,8 @@ typedef struct ipc_send {
     xccl_tp_buf_t    buf;    /* SEND_HOST: the core's buffer                               */
     void            *cookie; /* the core's                                                 */
     void            *ev;     /* DEV: data ready; BOUNCE: copy into the bounce buffer done  */
-    void            *bounce;
+    void            *bounce; /* pinned (bounce_get)                                         */
+    size_t           bcap;
     const void      *src; /* SEND_DEV: the core's device buffer                           */
     ipc_desc_t       desc;
     int              out;      /* messages of it the inner transport holds (desc, bounce)  */
@@ -128,7 +129,9 @@ typedef struct ipc_recv {
     void            *cookie; /* the core's, once matched                                   */
     void            *ev;
     ipc_entry_t     *imp;    /* the mapping the copy reads                                 */
-    void            *bounce; /* RECV_BOUNCE                                                */
+    void            *bounce; /* pinned (bounce_get): RECV_BOUNCE, RESEND bytes, host dst    */
+    size_t           bcap;
+    int              host_out; /* copied on to dst (host memory) when the copy is done      */
     void            *dst;
     xccl_mem_type_t  dmem;
     size_t           n;
@@ -161,6 +164,8 @@ struct xccl_tp_ctx {
     const ipc_dev_ops_t        *dev;
     ipc_peer_t                 *peers;
     ipc_cache_t                 exp, imp;
+    struct ipc_hbuf            *pool; /* idle pinned bounce buffers                        */
+    size_t                      pool_bytes;
     uint64_t                    next_send_id;
     ipc_test_stats_t            stats;
     _Atomic int                 busy; /* device work or a deferred descriptor pending      */
@@ -184,6 +189,59 @@ static xccl_status_t inner_send(xccl_tp_ctx_t *ctx, int peer, const xccl_msg_hdr
     return ctx->inner->isend(ctx->ictx, peer, hdr, &b, cookie);
 }
 
+/* Pinned bounce buffers: 64 KiB to a power of two, kept for reuse up to IPC_POOL_BYTES (a
+ * pinned allocation costs far more than a copy). */
+#define IPC_POOL_BYTES ((size_t)64 << 20)
+#define IPC_BOUNCE_MIN ((size_t)64 << 10)
+
+typedef struct ipc_hbuf {
+    struct ipc_hbuf *next;
+    void            *p;
+    size_t           cap;
+} ipc_hbuf_t;
+
+static void *bounce_get(xccl_tp_ctx_t *ctx, size_t n, size_t *cap)
+{
+    size_t       c    = IPC_BOUNCE_MIN;
+    ipc_hbuf_t **best = NULL;
+    void        *p;
+
+    for (ipc_hbuf_t **pp = &ctx->pool; *pp != NULL; pp = &(*pp)->next) {
+        if ((*pp)->cap >= n && (best == NULL || (*pp)->cap < (*best)->cap)) best = pp;
+    }
+    if (best != NULL) {
+        ipc_hbuf_t *h = *best;
+        *best         = h->next;
+        ctx->pool_bytes -= h->cap;
+        p    = h->p;
+        *cap = h->cap;
+        free(h);
+        return p;
+    }
+    while (c < n && c < ((size_t)1 << 62))
+        c <<= 1;
+    if (c < n) c = n;
+    p = ctx->dev->host_alloc(c);
+    if (p != NULL) *cap = c;
+    return p;
+}
+
+static void bounce_put(xccl_tp_ctx_t *ctx, void *p, size_t cap)
+{
+    ipc_hbuf_t *h;
+
+    if (p == NULL) return;
+    if (ctx->pool_bytes + cap > IPC_POOL_BYTES || (h = malloc(sizeof(*h))) == NULL) {
+        ctx->dev->host_free(p);
+        return;
+    }
+    h->p      = p;
+    h->cap    = cap;
+    h->next   = ctx->pool;
+    ctx->pool = h;
+    ctx->pool_bytes += cap;
+}
+
 /* ACK (ok) or NACK for the descriptor `send_id` from peer. A dead peer needs none. */
 static void send_ack(xccl_tp_ctx_t *ctx, int peer, uint64_t send_id, int ok)
 {
@@ -197,7 +255,7 @@ static void send_ack(xccl_tp_ctx_t *ctx, int peer, uint64_t send_id, int ok)
 static void send_free(xccl_tp_ctx_t *ctx, ipc_send_t *s)
 {
     if (s->ev != NULL) ctx->dev->event_free(s->ev);
-    free(s->bounce);
+    bounce_put(ctx, s->bounce, s->bcap);
     free(s);
 }
 
@@ -243,7 +301,7 @@ static void recv_free(xccl_tp_ctx_t *ctx, ipc_recv_t *r)
     if (r->state == R_COPY) p->copying--;
     if (r->ev != NULL) ctx->dev->event_free(r->ev);
     if (r->imp != NULL) ipc_cache_put(&ctx->imp, r->imp);
-    free(r->bounce);
+    bounce_put(ctx, r->bounce, r->bcap);
     free(r);
 }
 
@@ -407,7 +465,18 @@ static int desc_match(xccl_tp_ctx_t *ctx, ipc_recv_t *r, int *nev)
     }
     r->dst = dst.ptr;
     r->n   = (size_t)d->hdr.nbytes;
-    st     = ctx->dev->copy(r->dst, (char *)r->imp->mapped + d->offset, r->n, p->pid);
+    if (dst.mem == XCCL_MEM_HOST) {
+        /* into host memory (a staged unexpected message, a host receive): through a pinned
+         * buffer, then copied on by the CPU; a copy into pageable memory would block */
+        r->bounce = bounce_get(ctx, r->n, &r->bcap);
+        if (r->bounce == NULL) {
+            st = XCCL_ERR_NO_MEMORY;
+            goto fail;
+        }
+        r->host_out = 1;
+    }
+    st = ctx->dev->copy(r->host_out ? r->bounce : r->dst, (char *)r->imp->mapped + d->offset, r->n,
+                        p->pid);
     if (st < 0) goto fail;
     st = ctx->dev->event_record(&r->ev);
     if (st < 0) goto fail;
@@ -487,7 +556,7 @@ static void resend_asked(xccl_tp_ctx_t *ctx, int peer, uint64_t send_id)
     }
     p->no_import = 1;
     s->type      = SEND_RESEND;
-    s->bounce    = malloc((size_t)s->hdr.nbytes);
+    s->bounce    = bounce_get(ctx, (size_t)s->hdr.nbytes, &s->bcap);
     st           = s->bounce == NULL ? xccl_error_set(XCCL_ERR_NO_MEMORY,
                                                       "cuda_ipc: no host memory to "
                                                       "resend %" PRIu64 " bytes",
@@ -574,7 +643,7 @@ static xccl_status_t shim_recv_match(void *core, int peer, const xccl_msg_hdr_t 
                                       "%d",
                                       peer);
             if (r->dmem != XCCL_MEM_HOST) {
-                r->bounce = malloc(r->n);
+                r->bounce = bounce_get(ctx, r->n, &r->bcap);
                 if (r->bounce == NULL)
                     return xccl_error_set(XCCL_ERR_NO_MEMORY,
                                           "cuda_ipc: no host memory to bounce %zu bytes", r->n);
@@ -607,7 +676,7 @@ static xccl_status_t shim_recv_match(void *core, int peer, const xccl_msg_hdr_t 
     if (hdr->nbytes > 0 && dst->ptr != NULL && dst->mem != XCCL_MEM_HOST) {
         /* into device memory: through a host bounce buffer */
         ipc_recv_t *r = recv_new(ctx, peer, RECV_BOUNCE);
-        if (r != NULL) r->bounce = malloc((size_t)hdr->nbytes);
+        if (r != NULL) r->bounce = bounce_get(ctx, (size_t)hdr->nbytes, &r->bcap);
         if (r == NULL || r->bounce == NULL) {
             if (r != NULL) recv_free(ctx, r);
             /* refused: the inner transport fails the peer, and the core hears it */
@@ -832,7 +901,7 @@ static xccl_status_t ipc_isend(xccl_tp_ctx_t *ctx, int peer, const xccl_msg_hdr_
     if (!ipc_ok || p->no_import) {
         /* not exportable, or the peer cannot map it: through host memory, as a host message */
         s->type   = SEND_BOUNCE;
-        s->bounce = malloc((size_t)hdr->nbytes);
+        s->bounce = bounce_get(ctx, (size_t)hdr->nbytes, &s->bcap);
         if (s->bounce == NULL) {
             free(s);
             return XCCL_ERROR(XCCL_ERR_NO_MEMORY,
@@ -895,6 +964,7 @@ static void copies_progress(xccl_tp_ctx_t *ctx, int peer, int *nev)
         cookie  = r->cookie;
         id      = r->desc.send_id;
         is_desc = r->type == RECV_DESC && !r->resent;
+        if (st == XCCL_OK && r->host_out) memcpy(r->dst, r->bounce, r->n);
         recv_free(ctx, r);
         if (st < 0)
             st = xccl_error_set(st,
@@ -1015,6 +1085,12 @@ static void ipc_finalize(xccl_tp_ctx_t *ctx)
     }
     ipc_cache_drop(&ctx->imp, -2);
     ipc_cache_drop(&ctx->exp, -2);
+    while (ctx->pool != NULL) {
+        ipc_hbuf_t *h = ctx->pool;
+        ctx->pool     = h->next;
+        ctx->dev->host_free(h->p);
+        free(h);
+    }
     free(ctx->peers);
     free(ctx);
 }

@@ -42,6 +42,11 @@ typedef struct ipc_dev_ops {
     xccl_status_t (*event_wait)(void *ev);
     /* Gives the event back (it may still be pending: only re-recorded later). */
     void (*event_free)(void *ev);
+    /* Pinned host memory for bounce buffers (NULL: none, the error set). A copy to or from
+     * pageable memory would block the calling thread until xccl's stream reaches it, and that
+     * stream may wait for a caller's stream that waits for a gate only progress opens. */
+    void *(*host_alloc)(size_t n);
+    void (*host_free)(void *p);
 } ipc_dev_ops_t;
 
 /* The fake device (tests): selected by the test-only XCCL_CUDA_IPC_FAKE (1: every buffer is

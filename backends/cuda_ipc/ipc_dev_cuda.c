@@ -155,6 +155,32 @@ static void cu_free(void *ev)
     if (ev != NULL) xccl_cuda_event_put((CUevent)ev);
 }
 
+static void *cu_host_alloc(size_t n)
+{
+    void    *p = NULL;
+    CUresult rc;
+
+    if (xccl_cuda_enter() != XCCL_OK) return NULL;
+    rc = xccl_cu.MemHostAlloc(&p, n > 0 ? n : 1, CU_MEMHOSTALLOC_PORTABLE);
+    if (rc != CUDA_SUCCESS) {
+        (void)xccl_cuda_fail(rc, "cuda_ipc: cuMemHostAlloc of a bounce buffer");
+        return NULL;
+    }
+    return p;
+}
+
+static void cu_host_free(void *p)
+{
+    CUresult rc;
+
+    if (p == NULL || xccl_cuda_enter() != XCCL_OK) return;
+    rc = xccl_cu.MemFreeHost(p);
+    if (rc != CUDA_SUCCESS) {
+        (void)xccl_cuda_fail(rc, "cuda_ipc: cuMemFreeHost");
+        XCCL_WARN("%s", xccl_last_error());
+    }
+}
+
 const ipc_dev_ops_t ipc_dev_cuda = {
     .name          = "cuda",
     .ptr_info      = cu_ptr_info,
@@ -166,6 +192,8 @@ const ipc_dev_ops_t ipc_dev_cuda = {
     .event_test    = cu_test,
     .event_wait    = cu_wait,
     .event_free    = cu_free,
+    .host_alloc    = cu_host_alloc,
+    .host_free     = cu_host_free,
 };
 
 #else

@@ -214,6 +214,13 @@ static void fake_free(void *ev)
     pthread_mutex_unlock(&fk.lock);
 }
 
+static void *fake_host_alloc(size_t n)
+{
+    void *p = malloc(n > 0 ? n : 1);
+    if (p == NULL) (void)xccl_error_set(XCCL_ERR_NO_MEMORY, "fake IPC: %zu bytes", n);
+    return p;
+}
+
 const ipc_dev_ops_t ipc_dev_fake = {
     .name          = "fake",
     .ptr_info      = fake_ptr_info,
@@ -225,4 +232,6 @@ const ipc_dev_ops_t ipc_dev_fake = {
     .event_test    = fake_test,
     .event_wait    = fake_wait,
     .event_free    = fake_free,
+    .host_alloc    = fake_host_alloc,
+    .host_free     = free,
 };
