@@ -809,25 +809,31 @@ static int child_drv(int rank, int size, void *arg)
     CHECK_MSG(c->ctx->tp[0].ops == &xccl_transport_cuda_ipc, "drv: runs on %s",
               c->ctx->tp[0].ops->name);
     for (size_t k = 0; k < sizeof(nb) / sizeof(nb[0]); k++) {
-        size_t       n  = nb[k];
-        uint8_t     *sb = ex->alloc(n + 1), *rb = ex->alloc(n + 8);
-        xccl_work_t *ws = NULL, *wr = NULL;
-        char         what[64];
+        size_t          n    = nb[k];
+        xccl_mem_type_t rmem = k % 2 ? XCCL_MEM_HOST : XCCL_MEM_CUDA; /* host: via pinned */
+        uint8_t        *sb   = ex->alloc(n + 1);
+        uint8_t        *rb   = rmem == XCCL_MEM_CUDA ? ex->alloc(n + 8) : malloc(n + 8);
+        xccl_work_t    *ws = NULL, *wr = NULL;
+        char            what[64];
 
-        snprintf(what, sizeof(what), "drv ring n=%zu rank %d", n, rank);
+        snprintf(what, sizeof(what), "drv ring n=%zu to %s rank %d", n,
+                 rmem == XCCL_MEM_CUDA ? "device" : "host", rank);
         if (sb == NULL || rb == NULL) return 2;
         /* the fake driver's device memory is host memory: filled and read directly */
         for (size_t i = 0; i < n; i++)
             sb[i] = pat(rank, i, 3);
         memset(rb, 0xA5, n + 8);
-        if (post(c, 0, rb, n + 8, from, 3, XCCL_MEM_CUDA, &wr) == XCCL_OK &&
+        if (post(c, 0, rb, n + 8, from, 3, rmem, &wr) == XCCL_OK &&
             post(c, 1, sb, n, to, 3, XCCL_MEM_CUDA, &ws) == XCCL_OK &&
             wait_ok(ws, what) == XCCL_OK && wait_ok(wr, what) == XCCL_OK)
             (void)check(rb, n, n + 8, from, 3, what);
         if (ws) xccl_work_release(ws);
         if (wr) xccl_work_release(wr);
         ex->free(sb);
-        ex->free(rb);
+        if (rmem == XCCL_MEM_CUDA)
+            ex->free(rb);
+        else
+            free(rb);
     }
     {
         size_t           n  = 100003;
