@@ -583,20 +583,28 @@ xccl_status_t xccl_ctx_create(const xccl_comm_config_t *cfg, xccl_ctx_t **out)
     XCCL_CHECK_GOTO(tune_agree(ctx, recs, tune_hash, tune_st, tune_path, tune_err), st, out);
 
     /* the models communicators price links with (topo.c), the same on every rank: from the
-     * transports asked for, less those between hosts that no rank could start (ibverbs on a
-     * cluster without RDMA must not price its TCP links as RDMA ones). Every rank sees the
-     * same address records, so every rank drops the same. */
+     * transports asked for, less those that no rank could start (ibverbs on a cluster
+     * without RDMA must not price its TCP links as RDMA ones; cuda_ipc in processes without a
+     * GPU must not price, or name for the tuning table, the shm links they use). Where no
+     * rank started a same-host transport (one rank per host), the host-memory ones are kept:
+     * they price what such a host would use. Every rank sees the same address records, so
+     * every rank drops the same. */
     {
         const xccl_transport_ops_t *price[XCCL_MAX_TRANSPORTS];
-        int                         nprice = 0;
-        for (int i = 0; i < ncand; i++) {
-            int started = (cand[i]->caps & XCCL_TP_CAP_INTRA_HOST) != 0;
-            for (int k = 0; k < ctx->ntp && !started; k++) started = ctx->tp[k].ops == cand[i];
-            for (int r = 0; r < cfg->size && !started; r++) {
-                for (int j = 0; r != cfg->rank && j < recs[r].ntp && !started; j++)
-                    started = strcmp(recs[r].names[j], cand[i]->name) == 0;
+        int                         nprice = 0, started[XCCL_MAX_TRANSPORTS] = {0}, intra = 0;
+        for (int i = 0; i < ncand && i < XCCL_MAX_TRANSPORTS; i++) {
+            for (int k = 0; k < ctx->ntp && !started[i]; k++)
+                started[i] = ctx->tp[k].ops == cand[i];
+            for (int r = 0; r < cfg->size && !started[i]; r++) {
+                for (int j = 0; r != cfg->rank && j < recs[r].ntp && !started[i]; j++)
+                    started[i] = strcmp(recs[r].names[j], cand[i]->name) == 0;
             }
-            if (started) price[nprice++] = cand[i];
+            intra |= started[i] && (cand[i]->caps & XCCL_TP_CAP_INTRA_HOST);
+        }
+        for (int i = 0; i < ncand && i < XCCL_MAX_TRANSPORTS; i++) {
+            if (started[i] || (!intra && (cand[i]->caps & XCCL_TP_CAP_INTRA_HOST) &&
+                               !(cand[i]->caps & XCCL_TP_CAP_CUDA_MEM)))
+                price[nprice++] = cand[i];
         }
         xccl_ctx_topo_models(ctx, price, nprice);
     }

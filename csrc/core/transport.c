@@ -24,16 +24,30 @@ extern const xccl_transport_ops_t xccl_transport_shm;
 #endif
 #ifdef XCCL_WITH_IBVERBS
 extern const xccl_transport_ops_t xccl_transport_ibverbs;
-enum { NBUILTIN = 3 };
-#else
-enum { NBUILTIN = 2 };
 #endif
+/* cuda_ipc (backends/cuda_ipc) is listed where xccl is built with CUDA; its code is built
+ * everywhere (tests register it with a fake device). */
+#ifdef XCCL_HAVE_CUDA
+extern const xccl_transport_ops_t xccl_transport_cuda_ipc;
+#endif
+enum {
+    NBUILTIN = 2
+#ifdef XCCL_WITH_IBVERBS
+               + 1
+#endif
+#ifdef XCCL_HAVE_CUDA
+               + 1
+#endif
+};
 
 _Static_assert(NBUILTIN + XCCL_TP_REGISTER_MAX <= XCCL_MAX_TRANSPORTS,
                "a context can hold every registered transport");
 
 /* one NULL slot after the last possible entry */
 static const xccl_transport_ops_t *registry[NBUILTIN + XCCL_TP_REGISTER_MAX + 1] = {
+#ifdef XCCL_HAVE_CUDA
+    &xccl_transport_cuda_ipc,
+#endif
     &xccl_transport_shm,
 #ifdef XCCL_WITH_IBVERBS
     &xccl_transport_ibverbs,

@@ -14,6 +14,9 @@
 //   - kernels are those of csrc/cuda/kernels.cu compiled for the host (cuda_host_shim.h), run
 //     by a loop over an emulated grid (blocks x threads, each with its own indices); the
 //     module image must start with the fatbin magic (checks the embedding);
+//   - legacy IPC: an allocation's range, buffer id and IPC capability are answered; a handle
+//     names (pid, range, id); opening one reserves an address range here (PROT_NONE) whose
+//     copies read the exporter's memory with process_vm_readv (for the cuda_ipc transport);
 //   - one device, compute capability 9.0, 4 multiprocessors.
 // Not a model of concurrency: everything runs under one lock in the calling thread.
 #include "cuda_host_shim.h"
@@ -22,6 +25,9 @@
 
 #include <cuda.h>
 #include <dlfcn.h>
+#include <sys/mman.h>
+#include <sys/uio.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -73,6 +79,23 @@ std::recursive_mutex          mu;
 Stream                        legacy;
 std::vector<Stream *>         streams{&legacy};
 std::map<uintptr_t, size_t>   allocs; // device allocations: start -> size
+// IPC: a buffer id per allocation; an opened handle is an address range reserved here
+// (PROT_NONE) standing for the exporter's allocation, read with process_vm_readv
+struct Import {
+    int       pid;
+    uintptr_t base;
+    size_t    size;
+};
+struct IpcHandle {
+    uint32_t           magic;
+    int32_t            pid;
+    uint64_t           base, size;
+    unsigned long long id;
+};
+static_assert(sizeof(IpcHandle) <= sizeof(CUipcMemHandle), "a handle fits");
+std::map<uintptr_t, unsigned long long> buffer_ids;
+unsigned long long                      next_buffer_id = 1;
+std::map<uintptr_t, Import>             imports; // reservation start -> peer's allocation
 thread_local CUcontext        current;
 CUcontext const               the_ctx = reinterpret_cast<CUcontext>(0x5ca1ab1e);
 
@@ -114,6 +137,31 @@ void run_kernel(Op &op)
     }
 }
 
+// The import holding [p, p + n), or nullptr.
+const std::pair<const uintptr_t, Import> *import_of(uintptr_t p, size_t n)
+{
+    auto it = imports.upper_bound(p);
+    if (it == imports.begin()) return nullptr;
+    --it;
+    return p + n <= it->first + it->second.size ? &*it : nullptr;
+}
+
+// A copy; a source in an opened handle is read from the exporter's process.
+void copy_op(const Op &op)
+{
+    const auto *im = import_of(reinterpret_cast<uintptr_t>(op.src), op.n);
+    if (im == nullptr) {
+        memmove(op.dst, op.src, op.n);
+        return;
+    }
+    struct iovec l = {op.dst, op.n};
+    struct iovec r = {reinterpret_cast<void *>(im->second.base + (reinterpret_cast<uintptr_t>(op.src) -
+                                                                 im->first)),
+                      op.n};
+    if (op.n > 0 && process_vm_readv(im->second.pid, &l, 1, &r, 1, 0) != static_cast<ssize_t>(op.n))
+        memset(op.dst, 0xEE, op.n); // the exporter is gone: what a GPU would read is undefined
+}
+
 // Runs every op that can run, on every stream, until none can.
 void advance()
 {
@@ -127,7 +175,7 @@ void advance()
                 if (op.type == Op::WAIT_VALUE &&
                     static_cast<int32_t>(__atomic_load_n(op.word, __ATOMIC_ACQUIRE) - op.value) < 0)
                     break;
-                if (op.type == Op::COPY) memmove(op.dst, op.src, op.n);
+                if (op.type == Op::COPY) copy_op(op);
                 if (op.type == Op::KERNEL) run_kernel(op);
                 if (op.type == Op::RECORD) op.ev->done = op.gen;
                 s->q.pop_front();
@@ -286,7 +334,8 @@ API CUresult cuMemAlloc(CUdeviceptr *p, size_t n)
     NEED_CTX;
     void *m = aligned_alloc(256, (n + 255) / 256 * 256);
     if (m == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
-    allocs[reinterpret_cast<uintptr_t>(m)] = n;
+    allocs[reinterpret_cast<uintptr_t>(m)]     = n;
+    buffer_ids[reinterpret_cast<uintptr_t>(m)] = next_buffer_id++;
     *p = reinterpret_cast<CUdeviceptr>(m);
     return CUDA_SUCCESS;
 }
@@ -295,6 +344,7 @@ API CUresult cuMemFree(CUdeviceptr p)
     LOCK;
     NEED_CTX;
     if (allocs.erase(static_cast<uintptr_t>(p)) != 1) return CUDA_ERROR_INVALID_VALUE;
+    buffer_ids.erase(static_cast<uintptr_t>(p));
     free(reinterpret_cast<void *>(p));
     return CUDA_SUCCESS;
 }
@@ -325,8 +375,39 @@ API CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream 
     return push(s, op);
 }
 API CUresult cuMemsetD8Async(CUdeviceptr, unsigned char, size_t, CUstream) { return CUDA_ERROR_NOT_SUPPORTED; }
-API CUresult cuMemGetAddressRange(CUdeviceptr *, size_t *, CUdeviceptr) { return CUDA_ERROR_NOT_SUPPORTED; }
-API CUresult cuPointerGetAttribute(void *, CUpointer_attribute, CUdeviceptr) { return CUDA_ERROR_NOT_SUPPORTED; }
+// The device allocation holding p, or allocs.end().
+std::map<uintptr_t, size_t>::iterator alloc_of(CUdeviceptr p)
+{
+    auto it = allocs.upper_bound(static_cast<uintptr_t>(p));
+    if (it == allocs.begin()) return allocs.end();
+    --it;
+    return static_cast<uintptr_t>(p) < it->first + it->second ? it : allocs.end();
+}
+API CUresult cuMemGetAddressRange(CUdeviceptr *base, size_t *size, CUdeviceptr p)
+{
+    LOCK;
+    NEED_CTX;
+    auto it = alloc_of(p);
+    if (it == allocs.end()) return CUDA_ERROR_NOT_FOUND;
+    *base = static_cast<CUdeviceptr>(it->first);
+    *size = it->second;
+    return CUDA_SUCCESS;
+}
+API CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attr, CUdeviceptr p)
+{
+    LOCK;
+    auto it = alloc_of(p);
+    if (it == allocs.end()) return CUDA_ERROR_INVALID_VALUE;
+    switch (attr) {
+    case CU_POINTER_ATTRIBUTE_BUFFER_ID:
+        *static_cast<unsigned long long *>(data) = buffer_ids[it->first];
+        return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
+        *static_cast<unsigned char *>(data) = 1; // a bool, one byte
+        return CUDA_SUCCESS;
+    default: return CUDA_ERROR_INVALID_VALUE;
+    }
+}
 API CUresult cuPointerGetAttributes(unsigned int n, CUpointer_attribute *attrs, void **data, CUdeviceptr p)
 {
     LOCK;
@@ -352,9 +433,42 @@ API CUresult cuPointerGetAttributes(unsigned int n, CUpointer_attribute *attrs, 
     }
     return CUDA_SUCCESS;
 }
-API CUresult cuIpcGetMemHandle(CUipcMemHandle *, CUdeviceptr) { return CUDA_ERROR_NOT_SUPPORTED; }
-API CUresult cuIpcOpenMemHandle(CUdeviceptr *, CUipcMemHandle, unsigned int) { return CUDA_ERROR_NOT_SUPPORTED; }
-API CUresult cuIpcCloseMemHandle(CUdeviceptr) { return CUDA_ERROR_NOT_SUPPORTED; }
+API CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p)
+{
+    LOCK;
+    NEED_CTX;
+    auto it = allocs.find(static_cast<uintptr_t>(p)); // the base of an allocation only
+    if (it == allocs.end()) return CUDA_ERROR_INVALID_VALUE;
+    IpcHandle v = {0x43504946u, static_cast<int32_t>(getpid()), it->first, it->second,
+                   buffer_ids[it->first]};
+    memset(h, 0, sizeof *h);
+    memcpy(h, &v, sizeof v);
+    return CUDA_SUCCESS;
+}
+API CUresult cuIpcOpenMemHandle(CUdeviceptr *p, CUipcMemHandle h, unsigned int)
+{
+    LOCK;
+    NEED_CTX;
+    IpcHandle v;
+    memcpy(&v, &h, sizeof v);
+    if (v.magic != 0x43504946u || v.size == 0) return CUDA_ERROR_INVALID_VALUE;
+    if (v.pid == static_cast<int32_t>(getpid())) return CUDA_ERROR_INVALID_CONTEXT;
+    void *r = mmap(nullptr, v.size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (r == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+    imports[reinterpret_cast<uintptr_t>(r)] = Import{v.pid, v.base, v.size};
+    *p = reinterpret_cast<CUdeviceptr>(r);
+    return CUDA_SUCCESS;
+}
+API CUresult cuIpcCloseMemHandle(CUdeviceptr p)
+{
+    LOCK;
+    NEED_CTX;
+    auto it = imports.find(static_cast<uintptr_t>(p));
+    if (it == imports.end()) return CUDA_ERROR_INVALID_VALUE;
+    munmap(reinterpret_cast<void *>(it->first), it->second.size);
+    imports.erase(it);
+    return CUDA_SUCCESS;
+}
 API CUresult cuModuleLoadData(CUmodule *m, const void *image)
 {
     uint32_t magic;

@@ -1,0 +1,201 @@
+/* SPDX-License-Identifier: Apache-2.0
+ *
+ * ipc_dev_cuda.c - the cuda_ipc transport's device layer on the driver API (csrc/cuda/
+ * cuda_lib.h): legacy IPC handles (cuIpcGetMemHandle / cuIpcOpenMemHandle), copies and events
+ * on xccl's stream. Built only with XCCL_HAVE_CUDA. Every entry makes the device's primary
+ * context current first (the progress thread calls in too) and checks every driver result.
+ */
+#ifdef XCCL_HAVE_CUDA
+
+#include <string.h>
+
+/* the device layer is internal to xccl (csrc/cuda), not part of the transport API: named by
+ * its path, so that this file builds with the public include path of the backends too */
+#include "../../csrc/cuda/cuda_lib.h"
+#include "ipc_dev.h"
+#include "xccl/xccl_tp_support.h"
+
+_Static_assert(sizeof(CUipcMemHandle) == IPC_HANDLE_BYTES, "an IPC handle is 64 bytes");
+
+xccl_status_t ipc_dev_cuda_usable(void)
+{
+    if (xccl_cuda_load() != XCCL_OK)
+        return xccl_error_set(XCCL_ERR_NOT_SUPPORTED, "no CUDA driver: %s", xccl_cuda_load_error());
+    if (xccl_cuda_device() < 0)
+        return xccl_error_set(XCCL_ERR_NOT_SUPPORTED,
+                              "this process has not chosen a CUDA device (xccl_cuda_set_device) "
+                              "before creating the communicator");
+    return XCCL_OK;
+}
+
+/* Never fails: what the driver cannot tell sends the data through host memory (slower,
+ * never wrong: cuMemcpyAsync reaches any pointer with unified addressing). */
+static xccl_status_t cu_ptr_info(const void *ptr, size_t n, uint64_t *base, uint64_t *size,
+                                 uint64_t *buf_id, int *ipc_ok)
+{
+    CUdeviceptr        b      = 0;
+    size_t             sz     = 0;
+    unsigned long long id     = 0;
+    int                legacy = 0; /* the driver writes a bool or an int: either reads != 0 */
+    CUresult           rc;
+    const char        *what = "cuMemGetAddressRange";
+
+    XCCL_CHECK(xccl_cuda_enter());
+    rc = xccl_cu.MemGetAddressRange(&b, &sz, (CUdeviceptr)(uintptr_t)ptr);
+    if (rc == CUDA_SUCCESS) {
+        what = "the buffer id";
+        rc   = xccl_cu.PointerGetAttribute(&id, CU_POINTER_ATTRIBUTE_BUFFER_ID,
+                                           (CUdeviceptr)(uintptr_t)ptr);
+    }
+    if (rc == CUDA_SUCCESS) {
+        what = "the IPC capability";
+        rc   = xccl_cu.PointerGetAttribute(&legacy, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
+                                           (CUdeviceptr)(uintptr_t)ptr);
+    }
+    if (rc != CUDA_SUCCESS) {
+        const char *name = NULL;
+        if (xccl_cu.GetErrorName(rc, &name) != CUDA_SUCCESS || name == NULL) name = "?";
+        XCCL_INFO("cuda_ipc: %s of %p: %s: sent through host memory", what, ptr, name);
+        b      = (CUdeviceptr)(uintptr_t)ptr;
+        sz     = n;
+        legacy = 0;
+    }
+    *base   = (uint64_t)b;
+    *size   = (uint64_t)sz;
+    *buf_id = (uint64_t)id;
+    *ipc_ok = legacy != 0;
+    return XCCL_OK;
+}
+
+static xccl_status_t cu_export(uint64_t base, uint64_t size, uint64_t buf_id,
+                               uint8_t handle[IPC_HANDLE_BYTES])
+{
+    CUipcMemHandle h;
+
+    (void)size, (void)buf_id;
+    XCCL_CHECK(xccl_cuda_enter());
+    XCCL_CU_CHECK(xccl_cu.IpcGetMemHandle(&h, (CUdeviceptr)base), "cuda_ipc: cuIpcGetMemHandle");
+    memcpy(handle, &h, IPC_HANDLE_BYTES);
+    return XCCL_OK;
+}
+
+static xccl_status_t cu_import(int32_t pid, const uint8_t handle[IPC_HANDLE_BYTES], void **mapped)
+{
+    CUipcMemHandle h;
+    CUdeviceptr    p = 0;
+
+    (void)pid;
+    XCCL_CHECK(xccl_cuda_enter());
+    memcpy(&h, handle, IPC_HANDLE_BYTES);
+    XCCL_CU_CHECK(xccl_cu.IpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
+                  "cuda_ipc: cuIpcOpenMemHandle of a peer's buffer");
+    *mapped = (void *)(uintptr_t)p;
+    return XCCL_OK;
+}
+
+static void cu_close(void *mapped)
+{
+    CUresult rc;
+
+    if (xccl_cuda_enter() != XCCL_OK) return;
+    rc = xccl_cu.IpcCloseMemHandle((CUdeviceptr)(uintptr_t)mapped);
+    if (rc != CUDA_SUCCESS) {
+        (void)xccl_cuda_fail(rc, "cuda_ipc: cuIpcCloseMemHandle");
+        XCCL_WARN("%s", xccl_last_error());
+    }
+}
+
+static xccl_status_t cu_copy(void *dst, const void *src, size_t n, int32_t src_pid)
+{
+    (void)src_pid;
+    XCCL_CHECK(xccl_cuda_enter());
+    XCCL_CU_CHECK(xccl_cu.MemcpyAsync((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, n,
+                                      xccl_cuda_stream()),
+                  "cuda_ipc: cuMemcpyAsync");
+    return XCCL_OK;
+}
+
+static xccl_status_t cu_record(void **ev)
+{
+    CUevent  e;
+    CUresult rc;
+
+    XCCL_CHECK(xccl_cuda_enter());
+    e = xccl_cuda_event_get();
+    if (e == NULL) return XCCL_ERR_CUDA; /* the error is set */
+    rc = xccl_cu.EventRecord(e, xccl_cuda_stream());
+    if (rc != CUDA_SUCCESS) {
+        xccl_cuda_event_put(e);
+        return xccl_cuda_fail(rc, "cuda_ipc: cuEventRecord");
+    }
+    *ev = e;
+    return XCCL_OK;
+}
+
+static xccl_status_t cu_test(void *ev)
+{
+    CUresult rc;
+
+    XCCL_CHECK(xccl_cuda_enter());
+    rc = xccl_cu.EventQuery((CUevent)ev);
+    if (rc == CUDA_SUCCESS) return XCCL_OK;
+    if (rc == CUDA_ERROR_NOT_READY) return XCCL_INPROGRESS;
+    return xccl_cuda_fail(rc, "cuda_ipc: cuEventQuery");
+}
+
+static xccl_status_t cu_wait(void *ev)
+{
+    XCCL_CHECK(xccl_cuda_enter());
+    XCCL_CU_CHECK(xccl_cu.EventSynchronize((CUevent)ev), "cuda_ipc: cuEventSynchronize");
+    return XCCL_OK;
+}
+
+static void cu_free(void *ev)
+{
+    if (ev != NULL) xccl_cuda_event_put((CUevent)ev);
+}
+
+static void *cu_host_alloc(size_t n)
+{
+    void    *p = NULL;
+    CUresult rc;
+
+    if (xccl_cuda_enter() != XCCL_OK) return NULL;
+    rc = xccl_cu.MemHostAlloc(&p, n > 0 ? n : 1, CU_MEMHOSTALLOC_PORTABLE);
+    if (rc != CUDA_SUCCESS) {
+        (void)xccl_cuda_fail(rc, "cuda_ipc: cuMemHostAlloc of a bounce buffer");
+        return NULL;
+    }
+    return p;
+}
+
+static void cu_host_free(void *p)
+{
+    CUresult rc;
+
+    if (p == NULL || xccl_cuda_enter() != XCCL_OK) return;
+    rc = xccl_cu.MemFreeHost(p);
+    if (rc != CUDA_SUCCESS) {
+        (void)xccl_cuda_fail(rc, "cuda_ipc: cuMemFreeHost");
+        XCCL_WARN("%s", xccl_last_error());
+    }
+}
+
+const ipc_dev_ops_t ipc_dev_cuda = {
+    .name          = "cuda",
+    .ptr_info      = cu_ptr_info,
+    .export_handle = cu_export,
+    .import_handle = cu_import,
+    .close_handle  = cu_close,
+    .copy          = cu_copy,
+    .event_record  = cu_record,
+    .event_test    = cu_test,
+    .event_wait    = cu_wait,
+    .event_free    = cu_free,
+    .host_alloc    = cu_host_alloc,
+    .host_free     = cu_host_free,
+};
+
+#else
+typedef int xccl_ipc_dev_cuda_unused; /* an empty translation unit is not ISO C */
+#endif
