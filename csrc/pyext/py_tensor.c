@@ -325,7 +325,7 @@ int xccl_py_cuda_use(xccl_py_state_t *state, int device, const char *prefix)
             char             why[512];
             snprintf(why, sizeof(why), "%s", xccl_last_error());
             xccl_cuda_info(&info);
-            xccl_py_raise_fmt(state, st, "%s: cuda:%d memory, but CUDA is not usable here: %s",
+            xccl_py_raise_fmt(state, st, "%s: cuda:%d: CUDA is not usable in this process: %s",
                               prefix, device, info.why[0] ? info.why : why);
             return -1;
         }
@@ -404,6 +404,29 @@ static int host_call_cuda_buffer(xccl_py_state_t *state, const xccl_py_what_t *w
     return -1;
 }
 
+/* Whether obj.__dlpack_device__() names CUDA device or managed memory; a producer without
+ * the method, or whose answer cannot be read, counts as CUDA (its tensor is checked after the
+ * export). The DLPack protocol passes stream= only for a device with streams (numpy refuses
+ * one), so a host tensor in a CUDA call is exported without it, then refused. */
+static int on_cuda_device(PyObject *obj)
+{
+    PyObject *dev = PyObject_CallMethod(obj, "__dlpack_device__", NULL);
+    long      type;
+
+    if (dev == NULL || !PyTuple_Check(dev) || PyTuple_GET_SIZE(dev) != 2) {
+        Py_XDECREF(dev);
+        PyErr_Clear();
+        return 1;
+    }
+    type = PyLong_AsLong(PyTuple_GET_ITEM(dev, 0));
+    Py_DECREF(dev);
+    if (type == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 1;
+    }
+    return type == kDLCUDA || type == kDLCUDAManaged;
+}
+
 static int acquire(xccl_py_state_t *state, PyObject *obj, int flags, const xccl_py_what_t *what,
                    PyObject *stream, xccl_py_tensor_t *t)
 {
@@ -422,6 +445,7 @@ static int acquire(xccl_py_state_t *state, PyObject *obj, int flags, const xccl_
     if (!cuda && take_buffer(obj, flags, t) == 0) return 0;
     if (cuda || take_exchange(obj, t) < 0) {
         if (flags & XCCL_PY_BUF_NO_CAPSULE) return -1;
+        if (stream != NULL && !on_cuda_device(obj)) stream = NULL;
         cap = export_capsule(obj, what, stream);
         if (cap == NULL) return -1;
         rc = take_capsule(cap, obj, what, t);
@@ -561,11 +585,14 @@ PyObject *xccl_py_cuda_info(PyObject *module, PyObject *unused)
     return res;
 }
 
-PyObject *xccl_py_cuda_set_device(PyObject *module, PyObject *arg)
+PyObject *xccl_py_cuda_set_device(PyObject *module, PyObject *args)
 {
-    xccl_py_state_t *state = PyModule_GetState(module);
+    xccl_py_state_t *state  = PyModule_GetState(module);
+    const char      *prefix = "cuda.set_device";
+    PyObject        *arg;
     long             dev;
 
+    if (!PyArg_ParseTuple(args, "O|s:cuda_set_device", &arg, &prefix)) return NULL;
     if (PyBool_Check(arg) || !PyLong_Check(arg)) {
         return PyErr_Format(PyExc_TypeError, "cuda.set_device: expected a device index (int), "
                                              "got %.200s",
@@ -576,7 +603,7 @@ PyObject *xccl_py_cuda_set_device(PyObject *module, PyObject *arg)
     if (dev < 0 || dev > INT32_MAX)
         return xccl_py_raise_fmt(state, XCCL_ERR_INVALID_ARG,
                                  "cuda.set_device: device %ld is not a device index", dev);
-    if (xccl_py_cuda_use(state, (int)dev, "cuda.set_device") < 0) return NULL;
+    if (xccl_py_cuda_use(state, (int)dev, prefix) < 0) return NULL;
     Py_RETURN_NONE;
 }
 

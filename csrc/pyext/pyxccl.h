@@ -215,9 +215,10 @@ PyObject *xccl_py_comm_choose(PyObject *self, PyObject *args);
 PyObject *xccl_py_comm_explain(PyObject *self, PyObject *args);
 PyObject *xccl_py_comm_diag_table(PyObject *self, PyObject *wait_s);
 
-/* CUDA (py_tensor.c): module functions cuda_info(), cuda_set_device(i), cuda_device() */
+/* CUDA (py_tensor.c): module functions cuda_info(), cuda_set_device(i, prefix=None),
+ * cuda_device() */
 PyObject *xccl_py_cuda_info(PyObject *module, PyObject *unused);
-PyObject *xccl_py_cuda_set_device(PyObject *module, PyObject *arg);
+PyObject *xccl_py_cuda_set_device(PyObject *module, PyObject *args);
 PyObject *xccl_py_cuda_device_fn(PyObject *module, PyObject *unused);
 
 #endif /* XCCL_PYEXT_PYXCCL_H */

@@ -357,15 +357,11 @@ def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list[Work]:
     if first is None:
         warn_not_in_group("batch_isend_irecv")
         return []
-    # every op checked (device, stream) before the first is posted
+    # every op checked (devices, then each one's stream) before the first is posted
+    _on("batch_isend_irecv", None, *[(f"p2p_op_list[{i}].tensor", p.tensor)
+                                     for i, p in enumerate(p2p_op_list)])
     calls = [_on("batch_isend_irecv", None, (f"p2p_op_list[{i}].tensor", p.tensor))
              for i, p in enumerate(p2p_op_list)]
-    kinds = {cu is None for cu in calls}
-    if len(kinds) > 1:
-        raise ValueError(
-            "batch_isend_irecv: the tensors of one batch must all be CUDA tensors or all host "
-            "tensors"
-        )
     for p in p2p_op_list:
         if p.op.__name__ != "isend":
             T.check_writable(p.tensor, "tensor")
@@ -495,17 +491,17 @@ def all_gather_into_tensor(
     pg = _member(group, "all_gather_into_tensor")
     if pg is None:
         return None
-    _check_numel(
-        output_tensor,
-        pg.size() * T.numel(input_tensor),
-        "all_gather_into_tensor: output_tensor",
-        "group size x input elements",
-    )
     cu = _on(
         "all_gather_into_tensor",
         stream,
         ("output_tensor", output_tensor),
         ("input_tensor", input_tensor),
+    )
+    _check_numel(
+        output_tensor,
+        pg.size() * T.numel(input_tensor),
+        "all_gather_into_tensor: output_tensor",
+        "group size x input elements",
     )
     cwork = pg.comm.allgather(
         T.prep(input_tensor), T.prep(output_tensor), algo, pg._timeout_arg, _cuda.handle(cu)
@@ -543,6 +539,7 @@ def reduce_scatter_tensor(
     pg = _member(group, "reduce_scatter_tensor")
     if pg is None:
         return None
+    cu = _on("reduce_scatter_tensor", stream, ("output", output), ("input", input))
     _check_numel(
         input,
         pg.size() * T.numel(output),
@@ -550,7 +547,6 @@ def reduce_scatter_tensor(
         "group size x output elements",
     )
     c_op, factor = _reduce_op(op, input, "reduce_scatter_tensor")
-    cu = _on("reduce_scatter_tensor", stream, ("output", output), ("input", input))
     cwork = pg.comm.reduce_scatter(
         T.prep(input), T.prep(output), c_op, factor, algo, pg._timeout_arg, _cuda.handle(cu)
     )

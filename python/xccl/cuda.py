@@ -214,9 +214,11 @@ def resolve(op: str, tensors: list[tuple[str, Any]], stream: Any = None) -> Opti
     exported tensors."""
     first: Optional[tuple[str, Any, tuple[int, int]]] = None
     host: Optional[tuple[str, tuple[int, int]]] = None
+    on_cuda: list[tuple[str, tuple[int, int]]] = []
     for name, t in tensors:
         dev = _device_of(t)
         if dev[0] in _CUDA_TYPES:
+            on_cuda.append((name, dev))
             if first is None:
                 first = (name, t, dev)
         elif host is None:
@@ -233,6 +235,25 @@ def resolve(op: str, tensors: list[tuple[str, Any]], stream: Any = None) -> Opti
             f"{_dev_str(host[1])}; the tensors of one call must all be CUDA tensors or all host "
             "tensors"
         )
+    # The checks the extension repeats on the exported tensors, made here too so that they
+    # come before any temporary or copy of a call on tensor lists.
+    for name, dev in on_cuda:
+        if dev[0] == _KDL_CUDA_MANAGED:
+            raise ValueError(
+                f"{op}: `{name}` is in managed (unified) memory ({_dev_str(dev)}), which is not "
+                "supported; use device memory (torch.empty(..., device='cuda'), cupy.empty)"
+            )
+    process = int(_C.cuda_device())
+    if process < 0:
+        _C.cuda_set_device(first[2][1], f"{op}: `{first[0]}`")
+        process = first[2][1]
+    for name, dev in on_cuda:
+        if dev[1] != process:
+            raise ValueError(
+                f"{op}: `{name}` is on cuda:{dev[1]} but this process uses cuda:{process} (one "
+                "GPU per process, chosen by xccl.cuda.set_device or by the first CUDA tensor "
+                "it passed)"
+            )
     name, t, (_, index) = first
     framework = _framework(t)
     if stream is None:
