@@ -716,9 +716,24 @@ static xccl_status_t comm_usable(const xccl_comm_t *comm, const char *what)
     return XCCL_OK;
 }
 
-static xccl_status_t p2p_post(xccl_comm_t *comm, req_kind_t kind, void *buf, size_t nbytes,
-                              int peer, uint32_t tag, xccl_mem_type_t mem, xccl_work_t **out)
+/* Device memory, before anything of the operation is queued: orders it after the caller's
+ * stream and takes its completion gate (exec.h "streams"). */
+static xccl_status_t exec_prepare(xccl_work_t *w, const xccl_exec_ops_t *exec, void *stream)
 {
+    if (exec->order_after != NULL) XCCL_CHECK(exec->order_after(stream));
+    if (exec->gate_new != NULL) {
+        XCCL_CHECK(exec->gate_new(&w->gate));
+        w->gate_exec = exec;
+    }
+    return XCCL_OK;
+}
+
+static xccl_status_t p2p_post(xccl_comm_t *comm, req_kind_t kind, void *buf, size_t nbytes,
+                              int peer, uint32_t tag, const xccl_p2p_opts_t *opts,
+                              xccl_work_t **out)
+{
+    xccl_mem_type_t mem = opts != NULL ? opts->mem : XCCL_MEM_HOST;
+    const xccl_exec_ops_t *exec;
     const char   *name = kind == REQ_SEND ? "send" : "recv";
     xccl_work_t  *w;
     xccl_req_t   *r;
@@ -734,13 +749,18 @@ static xccl_status_t p2p_post(xccl_comm_t *comm, req_kind_t kind, void *buf, siz
         return XCCL_ERROR(XCCL_ERR_INVALID_ARG, "%s: NULL buffer of %zu bytes", name, nbytes);
     if (tag > 0x7fffffffu)
         return XCCL_ERROR(XCCL_ERR_INVALID_ARG, "%s: tag %u is not in [0, 2^31)", name, tag);
-    if (xccl_exec_for(mem) == NULL)
+    exec = xccl_exec_for(mem);
+    if (exec == NULL)
         return XCCL_ERROR(XCCL_ERR_NOT_SUPPORTED,
                           "%s: buffers of memory type %d (%s) have no executor in this process "
                           "(rank %d of comm '%s')",
                           name, (int)mem, xccl_mem_type_name(mem), comm->rank, comm->name);
     w = xccl_work_new(comm, WORK_P2P, name, 0);
     if (w == NULL) return XCCL_ERROR(XCCL_ERR_NO_MEMORY, "%s: out of memory", name);
+    if (mem != XCCL_MEM_HOST && (st = exec_prepare(w, exec, opts->stream)) < 0) {
+        xccl_work_release(w);
+        return st;
+    }
     r = &w->p2p_req; /* a p2p Work carries its one request: nothing to allocate */
     req_init(r, w, kind, peer == XCCL_ANY_SOURCE ? XCCL_ANY_SOURCE : comm->world[peer], buf,
              nbytes, tag_p2p(tag));
@@ -765,19 +785,25 @@ static xccl_status_t p2p_post(xccl_comm_t *comm, req_kind_t kind, void *buf, siz
 xccl_status_t xccl_isend(xccl_comm_t *comm, const void *buf, size_t nbytes, int peer,
                          uint32_t tag, xccl_work_t **w)
 {
-    return p2p_post(comm, REQ_SEND, (void *)buf, nbytes, peer, tag, XCCL_MEM_HOST, w);
+    return p2p_post(comm, REQ_SEND, (void *)buf, nbytes, peer, tag, NULL, w);
 }
 
 xccl_status_t xccl_irecv(xccl_comm_t *comm, void *buf, size_t nbytes, int peer, uint32_t tag,
                          xccl_work_t **w)
 {
-    return p2p_post(comm, REQ_RECV, buf, nbytes, peer, tag, XCCL_MEM_HOST, w);
+    return p2p_post(comm, REQ_RECV, buf, nbytes, peer, tag, NULL, w);
 }
 
-xccl_status_t xccl_p2p_post_mem(xccl_comm_t *comm, int send, void *buf, size_t nbytes, int peer,
-                                uint32_t tag, xccl_mem_type_t mem, xccl_work_t **w)
+xccl_status_t xccl_isend_opts(xccl_comm_t *comm, const void *buf, size_t nbytes, int peer,
+                              uint32_t tag, const xccl_p2p_opts_t *opts, xccl_work_t **w)
 {
-    return p2p_post(comm, send ? REQ_SEND : REQ_RECV, buf, nbytes, peer, tag, mem, w);
+    return p2p_post(comm, REQ_SEND, (void *)buf, nbytes, peer, tag, opts, w);
+}
+
+xccl_status_t xccl_irecv_opts(xccl_comm_t *comm, void *buf, size_t nbytes, int peer,
+                              uint32_t tag, const xccl_p2p_opts_t *opts, xccl_work_t **w)
+{
+    return p2p_post(comm, REQ_RECV, buf, nbytes, peer, tag, opts, w);
 }
 
 
@@ -972,7 +998,8 @@ static xccl_status_t coll_post(xccl_comm_t *comm, xccl_coll_args_t *a, xccl_op_t
     w->user_op   = user_op;
     w->premul    = opts ? opts->premul_factor : 1.0;
     w->fp        = xccl_fp_make(a->coll, a->dtype, user_op, a->root, a->count);
-    st           = coll_prologue(w);
+    st           = a->mem != XCCL_MEM_HOST ? exec_prepare(w, exec, opts->stream) : XCCL_OK;
+    if (st >= 0) st = coll_prologue(w);
     if (st < 0) {
         xccl_work_release(w);
         return st;

@@ -313,6 +313,10 @@ struct xccl_work {
     int            async_counted; /* counted in ctx->nasync (background progress wanted)   */
     int            notified;      /* failed because a peer said so: do not pass it on      */
     int            expiring;      /* xccl_work_expire is building its message              */
+    /* device memory: the completion gate (exec.h) taken at post, opened when it finishes */
+    const struct xccl_exec_ops *gate_exec; /* NULL: no gate                              */
+    uint64_t                    gate;
+    int                         gate_opened;
     /* While active, a Work is on three doubly linked lists (O(1) unlink, see work.c):       */
     xccl_work_t   *next, *prev;       /* ctx->coll: collectives, in posting order (progress) */
     xccl_work_t   *cm_next, *cm_prev; /* comm->works: the comm's Works, in posting order   */
@@ -502,11 +506,6 @@ void          xccl_ctx_mem_forget(xccl_ctx_t *ctx, const void *ptr, size_t nbyte
 
 /* Posting, under the lock. Errors are reported with XCCL_ERROR. */
 xccl_status_t xccl_req_post_send(xccl_ctx_t *ctx, xccl_req_t *r);
-/* Point-to-point of buffers of memory type `mem` (xccl_isend / xccl_irecv are XCCL_MEM_HOST):
- * a memory type without an executor in this process fails the call (NOT_SUPPORTED). Not in
- * the public API yet (the extension learns a tensor's device with issue 16); tests use it. */
-xccl_status_t xccl_p2p_post_mem(xccl_comm_t *comm, int send, void *buf, size_t nbytes, int peer,
-                                uint32_t tag, xccl_mem_type_t mem, xccl_work_t **w);
 xccl_status_t xccl_req_post_recv(xccl_ctx_t *ctx, xccl_req_t *r);
 /* Removes a request from the posted queue, or closes its peer when a transport holds it,
  * so that it is retired with `st`. Lock held. */

@@ -47,9 +47,19 @@ static void free_reqs(xccl_req_t *r)
     }
 }
 
+/* Opens the Work's completion gate (exec.h), once: streams waiting for it go on. */
+static void gate_open(xccl_work_t *w)
+{
+    if (w->gate_exec != NULL && !w->gate_opened) {
+        w->gate_opened = 1;
+        w->gate_exec->gate_open(w->gate);
+    }
+}
+
 void xccl_work_release(xccl_work_t *w)
 {
     if (w == NULL || atomic_fetch_sub(&w->refcount, 1) != 1) return;
+    gate_open(w); /* a Work that failed while being posted never finished */
     if (w->kind == WORK_COLL) xccl_coll_free(w);
     free_reqs(w->task.reqs);
     free(w->vcounts);
@@ -174,6 +184,7 @@ void xccl_work_finish(xccl_work_t *w, xccl_status_t st, const char *msg)
         if (w->tmp != NULL) xccl_ctx_mem_forget(ctx, w->tmp, w->tmp_len);
     }
     w->t_end = xccl_now_ns();
+    gate_open(w);
     atomic_store(&w->status, st);
     xccl_flight_record(w);
     active_unlink(ctx, w);
@@ -331,6 +342,21 @@ void xccl_work_expire(xccl_work_t *w)
 xccl_status_t xccl_work_status(const xccl_work_t *w) { return atomic_load(&w->status); }
 
 const char *xccl_work_error(const xccl_work_t *w) { return w->errmsg ? w->errmsg : ""; }
+
+xccl_status_t xccl_work_wait_stream(xccl_work_t *w, void *stream)
+{
+    xccl_status_t st;
+
+    if (w == NULL) return XCCL_ERROR(XCCL_ERR_INVALID_ARG, "wait_stream: Work is NULL");
+    if (w->gate_exec == NULL)
+        return XCCL_ERROR(XCCL_ERR_INVALID_USAGE, "%s: wait_stream needs an operation on device "
+                          "memory (this one's buffers are host memory)", w->name);
+    st = atomic_load(&w->status);
+    if (st == XCCL_OK) return XCCL_OK; /* its device work has finished */
+    if (st < 0) return XCCL_ERROR(st, "%s", xccl_work_error(w));
+    /* racing with the finish is fine: a gate, once open, lets every later waiter through */
+    return w->gate_exec->gate_wait(w->gate, stream);
+}
 
 int xccl_work_source(const xccl_work_t *w) { return w->source; }
 

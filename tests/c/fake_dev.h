@@ -17,6 +17,7 @@
 #ifndef XCCL_TESTS_FAKE_DEV_H
 #define XCCL_TESTS_FAKE_DEV_H
 
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -224,16 +225,103 @@ static xccl_status_t fdev_test(void *ev)
     return st;
 }
 
+/* Streams: order_after counts its calls and remembers the stream and how many operations were
+ * queued before it; gates are tickets 1, 2, ... whose state is kept (closed, open, opened twice
+ * - a bug) and gate_wait counts its calls with the last ticket and stream. */
+enum { FGATE_CLOSED = 1, FGATE_OPEN = 2, FGATE_TWICE = 3 };
+
+static struct {
+    unsigned char *state; /* by ticket */
+    size_t         cap;
+    uint64_t       next;
+    unsigned       orders, waits;
+    void          *order_stream, *wait_stream;
+    size_t         order_queued; /* fdev.queued at the last order_after */
+    uint64_t       wait_ticket;
+    pthread_mutex_t lock; /* gates are taken by posting threads, opened by the progress thread */
+} fgate = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static xccl_status_t fdev_order_after(void *stream)
+{
+    fgate.orders++;
+    fgate.order_stream = stream;
+    fgate.order_queued = fdev.queued;
+    return XCCL_OK;
+}
+
+static xccl_status_t fdev_gate_new(uint64_t *ticket)
+{
+    pthread_mutex_lock(&fgate.lock);
+    if (fgate.next + 1 >= fgate.cap) {
+        size_t         cap = fgate.cap ? 2 * fgate.cap : 1024;
+        unsigned char *s   = realloc(fgate.state, cap);
+        if (s == NULL) {
+            pthread_mutex_unlock(&fgate.lock);
+            return XCCL_ERR_NO_MEMORY;
+        }
+        memset(s + fgate.cap, 0, cap - fgate.cap);
+        fgate.state = s;
+        fgate.cap   = cap;
+    }
+    *ticket              = ++fgate.next;
+    fgate.state[*ticket] = FGATE_CLOSED;
+    pthread_mutex_unlock(&fgate.lock);
+    return XCCL_OK;
+}
+
+static void fdev_gate_open(uint64_t ticket)
+{
+    pthread_mutex_lock(&fgate.lock);
+    if (ticket == 0 || ticket > fgate.next) {
+        fprintf(stderr, "fake_dev: gate_open of unknown ticket %llu\n", (unsigned long long)ticket);
+        abort();
+    }
+    fgate.state[ticket] = fgate.state[ticket] == FGATE_CLOSED ? FGATE_OPEN : FGATE_TWICE;
+    pthread_mutex_unlock(&fgate.lock);
+}
+
+static xccl_status_t fdev_gate_wait(uint64_t ticket, void *stream)
+{
+    pthread_mutex_lock(&fgate.lock);
+    fgate.waits++;
+    fgate.wait_ticket = ticket;
+    fgate.wait_stream = stream;
+    pthread_mutex_unlock(&fgate.lock);
+    return XCCL_OK;
+}
+
+/* The state of a ticket's gate (FGATE_*), and how many tickets given out were not opened
+ * exactly once (0: every gate opened once). */
+static inline int fgate_state(uint64_t ticket)
+{
+    int st;
+    pthread_mutex_lock(&fgate.lock);
+    st = ticket >= 1 && ticket <= fgate.next ? fgate.state[ticket] : 0;
+    pthread_mutex_unlock(&fgate.lock);
+    return st;
+}
+
+static inline size_t fgate_unbalanced(void)
+{
+    size_t n = 0;
+    for (uint64_t t = 1; t <= fgate.next; t++) n += fgate_state(t) != FGATE_OPEN;
+    return n;
+}
+
 static const xccl_exec_ops_t fdev_ops = {
-    .name   = "fake-device",
-    .mem    = XCCL_MEM_CUDA,
-    .copy   = fdev_copy,
-    .reduce = fdev_reduce,
-    .scale  = fdev_scale,
-    .divide = fdev_divide,
-    .test   = fdev_test,
-    .alloc  = fdev_alloc,
-    .free   = fdev_free,
+    .name        = "fake-device",
+    .mem         = XCCL_MEM_CUDA,
+    .copy        = fdev_copy,
+    .reduce      = fdev_reduce,
+    .scale       = fdev_scale,
+    .divide      = fdev_divide,
+    .test        = fdev_test,
+    .alloc       = fdev_alloc,
+    .free        = fdev_free,
+    .order_after = fdev_order_after,
+    .gate_new    = fdev_gate_new,
+    .gate_open   = fdev_gate_open,
+    .gate_wait   = fdev_gate_wait,
 };
 
 #endif /* XCCL_TESTS_FAKE_DEV_H */

@@ -246,7 +246,9 @@ static xccl_status_t wait_ok(xccl_work_t *w, const char *what)
 static xccl_status_t post(xccl_comm_t *c, int send, void *buf, size_t n, int peer, uint32_t tag,
                           xccl_mem_type_t mem, xccl_work_t **w)
 {
-    xccl_status_t st = xccl_p2p_post_mem(c, send, buf, n, peer, tag, mem, w);
+    xccl_p2p_opts_t o  = {.mem = mem};
+    xccl_status_t   st = send ? xccl_isend_opts(c, buf, n, peer, tag, &o, w)
+                              : xccl_irecv_opts(c, buf, n, peer, tag, &o, w);
 
     CHECK_MSG(st == XCCL_OK, "post: %s", xccl_last_error());
     return st;
@@ -468,6 +470,70 @@ static void test_colls(xccl_comm_t *c)
     }
 }
 
+/* Streams (exec.h): an operation on device memory is ordered after the caller's stream before
+ * it queues anything and takes a gate when posted, which opens exactly once however it ends;
+ * xccl_work_wait_stream queues a wait on the gate while the Work runs, answers at once when it
+ * is done, and refuses a host-memory Work. (A failed Work: test_copy_failure.) */
+static void test_streams(xccl_comm_t *c)
+{
+    int              rank = xccl_comm_rank(c), size = xccl_comm_size(c);
+    int              to = (rank + 1) % size, from = (rank + size - 1) % size;
+    void            *stream = (void *)(uintptr_t)(0x5000 + rank), *other = (void *)0x77;
+    xccl_p2p_opts_t  o      = {.mem = XCCL_MEM_CUDA, .stream = stream};
+    xccl_coll_opts_t co     = {.mem = XCCL_MEM_CUDA, .stream = stream, .algo = "ring"};
+    void            *s = dalloc(4096), *r = dalloc(4096), *h = host_alloc(8);
+    xccl_work_t     *ws = NULL, *wr = NULL, *wh = NULL;
+    unsigned         orders = fgate.orders, waits;
+    size_t           queued;
+    uint64_t         gr;
+
+    fill(s, 4096, rank, 40);
+    /* the receive waits for a send posted only after a barrier: still running when asked */
+    CHECK(xccl_irecv_opts(c, r, 4096, from, 90, &o, &wr) == XCCL_OK);
+    CHECK_MSG(fgate.orders == orders + 1 && fgate.order_stream == stream, "orders %u",
+              fgate.orders - orders);
+    gr = wr->gate;
+    CHECK(wr->gate_exec == &fdev_ops && fgate_state(gr) == FGATE_CLOSED);
+    waits = fgate.waits;
+    CHECK(xccl_work_wait_stream(wr, other) == XCCL_OK);
+    CHECK_MSG(fgate.waits == waits + 1 && fgate.wait_ticket == gr && fgate.wait_stream == other,
+              "wait_stream while running: %u waits, ticket %llu", fgate.waits - waits,
+              (unsigned long long)fgate.wait_ticket);
+    sync_all(c);
+    CHECK(xccl_isend_opts(c, s, 4096, to, 90, &o, &ws) == XCCL_OK);
+    if (wait_ok(ws, "streams send") == XCCL_OK && wait_ok(wr, "streams recv") == XCCL_OK) {
+        (void)check(r, 4096, 4096, from, 40, "streams recv");
+        CHECK(fgate_state(gr) == FGATE_OPEN && fgate_state(ws->gate) == FGATE_OPEN);
+        waits = fgate.waits;
+        CHECK(xccl_work_wait_stream(wr, stream) == XCCL_OK && fgate.waits == waits);
+    }
+    /* a collective: ordered before its prologue's copy (allreduce out of place) */
+    xccl_work_release(ws);
+    ws = NULL;
+    queued = fdev.queued;
+    if (xccl_allreduce(c, s, r, 1024, XCCL_FLOAT32, XCCL_OP_SUM, &co, &ws) == XCCL_OK) {
+        CHECK_MSG(fgate.order_stream == stream && fgate.order_queued == queued &&
+                      fdev.queued > queued,
+                  "allreduce: order_after after %zu of %zu queued operations",
+                  fgate.order_queued - queued, fdev.queued - queued);
+        (void)wait_ok(ws, "streams allreduce");
+        CHECK(fgate_state(ws->gate) == FGATE_OPEN);
+    }
+    /* host memory: no gate to wait on */
+    if (xccl_isend(c, h, 8, to, 91, &wh) == XCCL_OK) {
+        CHECK(xccl_work_wait_stream(wh, stream) == XCCL_ERR_INVALID_USAGE);
+        CHECK(wh->gate_exec == NULL);
+        xccl_work_release(wh);
+        if (xccl_irecv(c, h, 8, from, 91, &wh) == XCCL_OK) (void)wait_ok(wh, "host recv");
+    }
+    if (wh) xccl_work_release(wh);
+    if (ws) xccl_work_release(ws);
+    xccl_work_release(wr);
+    dfree(s);
+    dfree(r);
+    free(h);
+}
+
 /* A failing executor copy fails the send with a named error; nothing reaches the peer and
  * the communicator stays usable. */
 static xccl_status_t bad_copy(void *dst, const void *src, size_t n, void **ev)
@@ -493,6 +559,9 @@ static void test_copy_failure(xccl_comm_t *c)
             CHECK_MSG(strstr(xccl_work_error(w), "copy into the host staging buffer failed") &&
                           strstr(xccl_work_error(w), "rank 1"),
                       "copy failure: '%s'", xccl_work_error(w));
+            /* a failed Work opened its gate and reports its error to a stream waiter */
+            CHECK(fgate_state(w->gate) == FGATE_OPEN);
+            CHECK(xccl_work_wait_stream(w, NULL) == XCCL_ERR_CUDA);
             xccl_work_release(w);
         }
         xccl_exec_set_for_test(XCCL_MEM_CUDA, old);
@@ -690,6 +759,8 @@ static int child(int rank, int size, void *unused)
     sync_all(c);
     test_colls(c);
     sync_all(c);
+    test_streams(c);
+    sync_all(c);
     test_copy_failure(c);
     sync_all(c);
     test_ring(c, XCCL_MEM_CUDA, XCCL_MEM_CUDA, 3); /* still usable */
@@ -734,6 +805,8 @@ static int child(int rank, int size, void *unused)
     dev_lock = NULL;
     CHECK_MSG(rg.bad == 0, "regtcp saw %ld unregistered or device buffers", (long)rg.bad);
     CHECK_MSG(fdev.live == 0, "executor events not released: %zu", fdev.live);
+    CHECK_MSG(fgate_unbalanced() == 0, "%zu of %llu completion gates not opened exactly once",
+              fgate_unbalanced(), (unsigned long long)fgate.next);
     return ctest_failures != 0;
 }
 
