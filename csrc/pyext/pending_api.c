@@ -1,10 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0
  *
- * pending_api.c - TEMPORARY: weak stand-ins for the functions of xccl.h that other branches of
- * issue 16 implement (xccl_cuda_*, xccl_isend_opts/xccl_irecv_opts, xccl_work_wait_stream), so
- * that the extension links and its host paths can be tested before they land. They behave as
- * a build without CUDA does. Any real (strong) definition replaces them at link time; this
- * file is deleted once main has all of them.
+ * pending_api.c - TEMPORARY: weak stand-ins for the xccl_cuda_* functions of xccl.h that the
+ * "cuda" branch of issue 16 implements, so that the extension links and its host paths can be
+ * tested before they land. They behave as a build without CUDA does. Any real (strong)
+ * definition replaces them at link time; this file is deleted once main has them.
  */
 #include <stdio.h>
 #include <string.h>
@@ -31,27 +30,4 @@ WEAK xccl_status_t xccl_cuda_check_ptr(const void *ptr, size_t nbytes)
     (void)ptr;
     (void)nbytes;
     return xccl_set_error(XCCL_ERR_INVALID_USAGE, "no CUDA device chosen");
-}
-
-WEAK xccl_status_t xccl_isend_opts(xccl_comm_t *comm, const void *buf, size_t nbytes, int peer,
-                                   uint32_t tag, const xccl_p2p_opts_t *opts, xccl_work_t **w)
-{
-    if (opts != NULL && opts->mem != XCCL_MEM_HOST)
-        return xccl_set_error(XCCL_ERR_NOT_SUPPORTED, "send: device memory is not supported");
-    return xccl_isend(comm, buf, nbytes, peer, tag, w);
-}
-
-WEAK xccl_status_t xccl_irecv_opts(xccl_comm_t *comm, void *buf, size_t nbytes, int peer,
-                                   uint32_t tag, const xccl_p2p_opts_t *opts, xccl_work_t **w)
-{
-    if (opts != NULL && opts->mem != XCCL_MEM_HOST)
-        return xccl_set_error(XCCL_ERR_NOT_SUPPORTED, "recv: device memory is not supported");
-    return xccl_irecv(comm, buf, nbytes, peer, tag, w);
-}
-
-WEAK xccl_status_t xccl_work_wait_stream(xccl_work_t *w, void *stream)
-{
-    (void)w;
-    (void)stream;
-    return xccl_set_error(XCCL_ERR_INVALID_USAGE, "Work on host memory: no stream to order");
 }
