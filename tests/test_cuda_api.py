@@ -257,3 +257,20 @@ def test_init_device_id():
     assert not xccl.is_initialized()
     xccl.init_process_group(store=store, rank=0, world_size=1, device_id="cpu")
     xccl.destroy_process_group()
+
+
+# ------------------------------------------------- the GPU suite's own logic, on CPU tensors
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
+from harness import run_spmd  # noqa: E402
+from test_gpu_ops import suite as gpu_suite  # noqa: E402
+
+
+def test_gpu_suite_logic_on_cpu():
+    # tests/gpu/test_gpu_ops.py runs only where there is a GPU: its inputs, references and
+    # expectations are checked here on CPU tensors (the sections that need no GPU)
+    pytest.importorskip("torch")
+    results = run_spmd(gpu_suite, 2, "cpu", timeout=120.0)
+    failures = [f for r in results for f in r["failures"]]
+    assert not failures, "\n".join(failures[:20])
+    assert all(r["checks"] > 100 for r in results), [r["checks"] for r in results]
