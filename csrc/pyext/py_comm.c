@@ -399,8 +399,10 @@ static xccl_py_tensor_t *take(call_t *c, int i, PyObject *obj, int flags, const 
     xccl_py_tensor_t *slot  = c->work != NULL ? &c->work->bufs[i] : &c->bufs[i];
     int               rc;
 
-    if (c->cuda) rc = xccl_py_tensor_acquire_cuda(c->state, obj, flags, &label, c->stream, slot);
-    else rc = xccl_py_tensor_acquire(c->state, obj, flags, &label, slot);
+    if (c->cuda)
+        rc = xccl_py_tensor_acquire_cuda(c->state, obj, flags, &label, c->stream, slot);
+    else
+        rc = xccl_py_tensor_acquire(c->state, obj, flags, &label, slot);
     return rc < 0 ? NULL : slot;
 }
 
@@ -1041,7 +1043,8 @@ static PyObject *comm_scatter(xccl_py_comm_t *self, PyObject *args, PyObject *kw
 
 static PyObject *comm_reduce_scatter(xccl_py_comm_t *self, PyObject *args, PyObject *kwds)
 {
-    static char      *kwlist[] = {"sendbuf", "recvbuf", "op", "premul", "algo", "timeout", "stream", NULL};
+    static char      *kwlist[] = {"sendbuf", "recvbuf", "op",     "premul",
+                                  "algo",    "timeout", "stream", NULL};
     PyObject         *sobj, *robj, *timeout = Py_None, *stream = Py_None;
     int               op;
     double            premul = 1.0;
@@ -1144,7 +1147,8 @@ static PyObject *comm_alltoallv(xccl_py_comm_t *self, PyObject *args, PyObject *
 {
     static char      *kwlist[] = {"sendbuf", "scounts", "sdispls", "recvbuf", "rcounts",
                                   "rdispls", "algo",    "timeout", "stream", NULL};
-    PyObject         *sobj, *robj, *sc, *sd, *rc, *rd, *timeout = Py_None, *stream = Py_None;
+    PyObject         *sobj, *robj, *sc, *sd, *rc, *rd;
+    PyObject         *timeout = Py_None, *stream = Py_None;
     const char       *algo = NULL;
     call_t            c;
     xccl_py_tensor_t *s, *r;
@@ -1217,10 +1221,13 @@ static PyMethodDef comm_methods[] = {
      "destroy(): idempotent; pending operations fail, later operations raise XcclError."},
     {"abort", (PyCFunction)comm_abort, METH_NOARGS,
      "abort(): pending operations fail with XCCL_ERR_ABORTED, later ones fail at once."},
-    {"isend", KW(comm_isend), "isend(buf, peer, tag=0) -> Work"},
-    {"irecv", KW(comm_irecv), "irecv(buf, peer=ANY_SOURCE, tag=0) -> Work"},
+    {"isend", KW(comm_isend), "isend(buf, peer, tag=0, stream=None) -> Work"},
+    {"irecv", KW(comm_irecv), "irecv(buf, peer=ANY_SOURCE, tag=0, stream=None) -> Work"},
     {"allreduce", KW(comm_allreduce),
-     "allreduce(sendbuf, recvbuf, op, premul=1.0, algo=None, timeout=None) -> Work"},
+     "allreduce(sendbuf, recvbuf, op, premul=1.0, algo=None, timeout=None, stream=None) -> "
+     "Work\n\nstream (every operation but barrier): None for host buffers; for CUDA buffers "
+     "the CUstream handle (int; 0 is the legacy default stream) the operation is ordered "
+     "after."},
     {"allreduce_now", NOW(comm_allreduce_now),
      "allreduce_now(buf, op, timeout) -> True | None: in-place all_reduce, posted and waited "
      "for; None (nothing done) where the general path must handle the call"},
@@ -1238,25 +1245,32 @@ static PyMethodDef comm_methods[] = {
     {"send_now", NOW(comm_send_now), "send_now(buf, peer, tag) -> True | None: blocking send"},
     {"recv_now", NOW(comm_recv_now),
      "recv_now(buf, peer, tag) -> source rank | None: blocking receive from `peer`"},
-    {"broadcast", KW(comm_broadcast), "broadcast(buf, root, algo=None, timeout=None) -> Work"},
+    {"broadcast", KW(comm_broadcast),
+     "broadcast(buf, root, algo=None, timeout=None, stream=None) -> Work"},
     {"reduce", KW(comm_reduce),
-     "reduce(sendbuf, recvbuf, op, root, premul=1.0, algo=None, timeout=None) -> Work\n\n"
+     "reduce(sendbuf, recvbuf, op, root, premul=1.0, algo=None, timeout=None, stream=None) -> "
+     "Work\n\n"
      "recvbuf may be None on non-root ranks."},
     {"allgather", KW(comm_allgather),
-     "allgather(sendbuf, recvbuf, algo=None, timeout=None) -> Work; recvbuf holds size * "
+     "allgather(sendbuf, recvbuf, algo=None, timeout=None, stream=None) -> Work; recvbuf holds "
+     "size * "
      "len(sendbuf), rank-major."},
     {"gather", KW(comm_gather),
-     "gather(sendbuf, recvbuf, root, algo=None, timeout=None) -> Work; recvbuf may be None "
+     "gather(sendbuf, recvbuf, root, algo=None, timeout=None, stream=None) -> Work; recvbuf "
+     "may be None "
      "off the root."},
     {"scatter", KW(comm_scatter),
-     "scatter(sendbuf, recvbuf, root, algo=None, timeout=None) -> Work; sendbuf may be None "
+     "scatter(sendbuf, recvbuf, root, algo=None, timeout=None, stream=None) -> Work; sendbuf "
+     "may be None "
      "off the root."},
     {"reduce_scatter", KW(comm_reduce_scatter),
-     "reduce_scatter(sendbuf, recvbuf, op, premul=1.0, algo=None, timeout=None) -> Work"},
-    {"alltoall", KW(comm_alltoall), "alltoall(sendbuf, recvbuf, algo=None, timeout=None) -> Work"},
+     "reduce_scatter(sendbuf, recvbuf, op, premul=1.0, algo=None, timeout=None, stream=None) "
+     "-> Work"},
+    {"alltoall", KW(comm_alltoall),
+     "alltoall(sendbuf, recvbuf, algo=None, timeout=None, stream=None) -> Work"},
     {"alltoallv", KW(comm_alltoallv),
-     "alltoallv(sendbuf, scounts, sdispls, recvbuf, rcounts, rdispls, algo=None, timeout=None) "
-     "-> Work (counts and displacements in elements)"},
+     "alltoallv(sendbuf, scounts, sdispls, recvbuf, rcounts, rdispls, algo=None, timeout=None, "
+     "stream=None) -> Work (counts and displacements in elements)"},
     {"barrier", KW(comm_barrier), "barrier(algo=None, timeout=None) -> Work"},
     {"trace", xccl_py_comm_trace, METH_O,
      "trace(capacity): record up to `capacity` step events (oldest dropped); 0 stops."},

@@ -179,24 +179,35 @@ class CudaCall:
         return _current_stream(self.framework, self.device)
 
     def stream_context(self) -> Any:
-        """A context in which the framework's work (temporaries, copies) runs on the call's
-        stream (torch; nothing for other frameworks, which xccl does not drive)."""
-        if self.framework != "torch":
+        """A context in which the temporaries and copies of a call on tensor lists run on the
+        call's stream. They are torch's (tensors of other producers are viewed through torch
+        there), so this is torch's stream context whenever torch can be imported."""
+        torch = _import_torch()
+        if torch is None:
             return nullcontext()
-        torch = sys.modules["torch"]
         return torch.cuda.stream(_torch_stream(torch, self.device, self.handle))
 
     def record_event(self) -> Any:
-        """A torch event recorded on the call's stream (None for other frameworks)."""
-        if self.framework != "torch":
+        """A torch event recorded on the call's stream (None without torch)."""
+        torch = _import_torch()
+        if torch is None:
             return None
-        torch = sys.modules["torch"]
         ev = torch.cuda.Event()
         ev.record(_torch_stream(torch, self.device, self.handle))
         return ev
 
     def __repr__(self) -> str:
         return f"CudaCall({self.framework}, cuda:{self.device}, stream={self.handle:#x})"
+
+
+def _import_torch() -> Any:
+    torch = sys.modules.get("torch")
+    if torch is None:
+        try:
+            import torch
+        except ImportError:
+            return None
+    return torch
 
 
 def _torch_stream(torch: Any, device: int, handle: int) -> Any:
