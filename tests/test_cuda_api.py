@@ -274,3 +274,112 @@ def test_gpu_suite_logic_on_cpu():
     failures = [f for r in results for f in r["failures"]]
     assert not failures, "\n".join(failures[:20])
     assert all(r["checks"] > 100 for r in results), [r["checks"] for r in results]
+
+
+# ------------------------------------------------- Work and completion bookkeeping (fakes)
+
+
+class _FakeCWork:
+    """Stands in for _C.Work of a CUDA operation: records what the Python layer asks."""
+
+    cuda = True
+    name, seq = "all_reduce", 1
+
+    def __init__(self, log, error=None):
+        self.log, self.error = log, error
+
+    def wait_stream(self, handle):
+        self.log.append(("wait_stream", handle))
+        if self.error is not None:
+            raise self.error
+        return True
+
+    def wait(self, timeout=None):
+        self.log.append(("wait", timeout))
+        if self.error is not None:
+            raise self.error
+        return True
+
+    def is_completed(self):
+        return True
+
+    def is_success(self):
+        return self.error is None
+
+    def exception(self):
+        return self.error
+
+    def add_done_callback(self, fn):
+        fn(self)
+
+
+class _FakeCall(xcuda.CudaCall):
+    """A CudaCall whose current stream, stream context and events are recorded."""
+
+    __slots__ = ("log", "now")
+
+    def __init__(self, log, handle=0x50, now=0x60):
+        super().__init__("other", 0, handle)
+        self.log, self.now = log, now
+
+    def current(self):
+        return self.now
+
+    def stream_context(self):
+        log = self.log
+
+        class _Ctx:
+            def __enter__(self):
+                log.append(("enter", "call stream"))
+
+            def __exit__(self, *exc):
+                log.append(("exit", "call stream"))
+
+        return _Ctx()
+
+    def record_event(self):
+        self.log.append(("event",))
+        return None
+
+
+def test_blocking_cuda_call_orders_its_stream():
+    from xccl import _collectives
+
+    log = []
+    assert _collectives._done(_FakeCWork(log), [], False, None, _FakeCall(log)) is None
+    assert log == [("wait_stream", 0x50)]  # the call's stream waits; no CPU wait
+
+
+def test_list_outputs_copied_on_the_call_stream_after_the_op():
+    from xccl import _collectives
+
+    log = []
+
+    def finish():
+        log.append(("finish",))
+
+    work = _collectives._done(_FakeCWork(log), ["out"], True, finish, _FakeCall(log))
+    assert log == [("wait_stream", 0x50), ("enter", "call stream"), ("finish",),
+                   ("exit", "call stream"), ("event",)]
+    log.clear()
+    assert work.wait() is True
+    assert log == [("wait_stream", 0x60)]  # the current stream at wait() time; no CPU wait
+    log.clear()
+    assert work.wait(timeout=5) is True
+    assert log == [("wait_stream", 0x60), ("wait", 5)]  # a timeout bounds a CPU wait too
+    log.clear()
+    work.synchronize()
+    assert log == [("wait", None)]
+    assert work.result() == ["out"] and work.is_completed()
+
+
+def test_failed_cuda_op_raises_at_wait():
+    from xccl import _collectives
+
+    log = []
+    err = xccl.XcclConnectionError("peer 1 closed its connection")
+    work = _collectives._done(_FakeCWork(log, err), [], True, None, _FakeCall(log))
+    with pytest.raises(xccl.XcclConnectionError):
+        work.wait()
+    with pytest.raises(xccl.XcclConnectionError):
+        work.synchronize()
