@@ -444,6 +444,11 @@ struct xccl_ctx {
     int               req_pool_n, umsg_pool_n;
     int               nwaiters;   /* threads inside xccl_work_wait                         */
     int               nasync;     /* active works nobody is waiting on                     */
+    /* active Works on device memory: their completion is found by polling the device (no
+     * descriptor can wake a sleeper), so while there are any, the threads that drive progress
+     * nap for XCCL_DEVICE_NAP_NS between polls instead of sleeping on the transports (a
+     * spinning thread would starve the others that take ctx->lock) */
+    int               ndevice;
     pthread_t         thread;
     int               thread_started;
     int               stopping;
@@ -498,6 +503,9 @@ void          xccl_ctx_sleep(xccl_ctx_t *ctx, int timeout_ms);
 void          xccl_ctx_run_callbacks(xccl_ctx_t *ctx);
 void          xccl_ctx_wake_thread(xccl_ctx_t *ctx); /* lock held */
 void          xccl_ctx_start_thread(xccl_ctx_t *ctx); /* lock held */
+/* The pause between polls while device work is active (ctx->ndevice), lock not held. */
+#define XCCL_DEVICE_NAP_NS 20000
+void          xccl_device_nap(void);
 /* memreg.c: the core is done with [ptr, ptr + nbytes), memory of its own that it may have
  * handed to transports (scratch, prologue copies, notices), and is about to free or reuse it:
  * every registration cache of the context drops it (deregistered once no transport uses it).

@@ -26,6 +26,7 @@
 
 #include <poll.h>
 #include <sched.h>
+#include <sys/prctl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1934,6 +1935,9 @@ static void *progress_thread_main(void *arg)
 
     /* named, so that tools (top -H, /proc/<pid>/task/<tid>/comm, tests) can tell it apart */
     (void)pthread_setname_np(pthread_self(), "xccl-progress");
+    /* its naps while device work runs (xccl_device_nap) are tens of microseconds: without
+     * this, the kernel would round each up by its default slack of 50 us */
+    (void)prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
     pthread_mutex_lock(&ctx->lock);
     while (!ctx->stopping) {
         if (ctx->nasync == 0 || ctx->nwaiters > 0) {
@@ -1961,10 +1965,16 @@ static void *progress_thread_main(void *arg)
             /* a task waits on a node-shared segment: sleep on its doorbell, counted as a
              * sleeper before one more pass (shared.c, "Waiting on memory") */
             if (n == 0 && sh.comm == NULL && xccl_shared_arm(ctx, &sh)) continue;
-            if (ctx->done_head != NULL || n == 0) {
+            /* while device work runs, every pass lets go of the lock: such a pass often counts
+             * as progress only because it polled the device, and a thread that never let go
+             * would starve callers posting or waiting meanwhile */
+            int device = ctx->ndevice > 0;
+            if (ctx->done_head != NULL || n == 0 || device) {
                 pthread_mutex_unlock(&ctx->lock);
                 xccl_ctx_run_callbacks(ctx);
-                if (n == 0 && sh.comm != NULL) xccl_shared_doze(&sh, 1);
+                if (device && n > 0) sched_yield();
+                else if (device) xccl_device_nap();
+                else if (n == 0 && sh.comm != NULL) xccl_shared_doze(&sh, 1);
                 else if (n == 0) xccl_ctx_sleep(ctx, 5);
                 pthread_mutex_lock(&ctx->lock);
                 xccl_shared_disarm(&sh);
@@ -1974,6 +1984,12 @@ static void *progress_thread_main(void *arg)
     xccl_shared_disarm(&sh);
     pthread_mutex_unlock(&ctx->lock);
     return NULL;
+}
+
+void xccl_device_nap(void)
+{
+    struct timespec ts = {0, XCCL_DEVICE_NAP_NS};
+    (void)nanosleep(&ts, NULL);
 }
 
 void xccl_ctx_start_thread(xccl_ctx_t *ctx)

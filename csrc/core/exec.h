@@ -64,6 +64,16 @@ typedef struct xccl_exec_ops {
     xccl_status_t (*gate_new)(uint64_t *ticket);
     void (*gate_open)(uint64_t ticket);
     xccl_status_t (*gate_wait)(uint64_t ticket, void *stream);
+
+    /* ---- host memory the device copies to and from (device executors; NULL elsewhere) ----
+     * host_register pins [p, p + nbytes) for the device (cuMemHostRegister), so that copies
+     * between it and device memory are asynchronous: CUDA copies a pageable host buffer
+     * synchronously - the calling thread waits until the stream reaches the copy, which may
+     * wait for the caller's stream (order_after) and through it for a gate only the progress
+     * of this context opens. For buffers kept for reuse (staging bounce buffers).
+     * host_unregister undoes it, once no queued copy uses the buffer, before it is freed. */
+    xccl_status_t (*host_register)(void *p, size_t nbytes);
+    void (*host_unregister)(void *p);
 } xccl_exec_ops_t;
 
 /* The CPU executor (XCCL_MEM_HOST): synchronous. Callers may compare against it to take a

@@ -99,7 +99,10 @@ void xccl_work_activate(xccl_work_t *w, int blocking)
     xccl_comm_t *comm = w->comm;
     xccl_ctx_t  *ctx  = comm->ctx;
 
-    if (!blocking) count_async(ctx, w, 0);
+    /* device work: its caller usually does not wait on the CPU (a stream waits for its
+     * gate), so the thread takes it over now rather than at its next tick */
+    if (w->gate_exec != NULL) ctx->ndevice++;
+    if (!blocking) count_async(ctx, w, w->gate_exec != NULL);
     /* one clock read serves the enqueue time and the deadline */
     w->t_enq       = xccl_now_ns();
     w->active      = 1;
@@ -184,6 +187,7 @@ void xccl_work_finish(xccl_work_t *w, xccl_status_t st, const char *msg)
         if (w->tmp != NULL) xccl_ctx_mem_forget(ctx, w->tmp, w->tmp_len);
     }
     w->t_end = xccl_now_ns();
+    if (w->gate_exec != NULL) ctx->ndevice--;
     gate_open(w);
     atomic_store(&w->status, st);
     xccl_flight_record(w);
@@ -440,6 +444,7 @@ xccl_status_t xccl_work_wait_us(xccl_work_t *w, int64_t slice_us)
     uint64_t      now, spin_end, slice_end;
     unsigned      busy = 0; /* passes with events since the clock was last read */
     unsigned      idle = 0; /* passes that found nothing */
+    int           device;   /* device work is active: poll, never sleep (ctx->ndevice) */
     xccl_shsleep_t sh  = {0}; /* armed: about to sleep on a node-shared segment's doorbell */
 
     if (st != XCCL_INPROGRESS) return st;
@@ -476,10 +481,13 @@ xccl_status_t xccl_work_wait_us(xccl_work_t *w, int64_t slice_us)
         /* past the spin window while a task waits on a node-shared segment: count this thread
          * as a sleeper on its doorbell, make one more pass, then sleep there (shared.c) */
         if (now >= spin_end && sh.comm == NULL && xccl_shared_arm(ctx, &sh)) continue;
+        device = ctx->ndevice > 0;
         pthread_mutex_unlock(&ctx->lock);
         if (now < spin_end) {
             if (ctx->spin_yield || ++idle % 16 == 0) sched_yield();
             else xccl_cpu_relax();
+        } else if (device) {
+            xccl_device_nap();
         } else {
             uint64_t left = (slice_end - now) / 1000000u;
             int      ms   = (int)(left < 2 ? (left < 1 ? 0 : 1) : 2);

@@ -7,6 +7,7 @@ Usage::
     xccl-bench --np 2 -o allgather --transport tcp              # TCP only (XCCL_TRANSPORTS)
     xccl-bench --np 2 -o allreduce --algo ring                  # force an xccl algorithm
     xccl-bench --np 2 -o allreduce --backend gloo               # the same loop on gloo
+    xccl-bench --np 2 -o all --device cuda                      # CUDA tensors (GPU 0 shared)
     xccl-run --nproc-per-node 4 -m xccl.bench -o all_gather      # under a launcher (env://)
     python -m xccl.bench ...                                    # the same as xccl-bench
 
@@ -41,6 +42,17 @@ Two point-to-point tests: ``sendrecv`` (nccl-tests: every rank sends to rank+1 a
 from rank-1 at once) and ``pingpong`` (ranks 2k and 2k+1 bounce a message; time is half a
 round trip, the one-way latency of the OSU benchmarks).
 
+GPUs (``--device cuda``): the buffers are CUDA tensors (torch, or CuPy arrays where torch is
+missing) on the rank's GPU, ``LOCAL_RANK`` modulo the GPUs it sees (ranks share GPU 0 when
+there is one). Times are nccl-tests': calls are posted back to back and a loop's time runs
+until the device has finished its last call (xccl: ``async_op=True`` and ``Work.wait()``,
+which orders the current stream after the operation without blocking the CPU, at most
+DEVICE_WINDOW calls in flight; gloo: its usual blocking calls, which copy through host
+memory). Fills and checks run on the current stream. gloo has no CUDA send/recv, so its
+sendrecv and pingpong copy through pinned host buffers in the harness. xccl's out-of-place
+all_reduce and reduce are N/A there. Without a usable GPU the command stops at once with the
+reason (exit status 2).
+
 Ranks: with ``RANK`` in the environment (xccl-run, torchrun) this process is one rank and
 meets the others through ``--init-method`` (default ``env://``); otherwise it starts
 ``--np`` local ranks itself, which meet through a file store in a temporary directory.
@@ -53,8 +65,11 @@ The harness is independent of the library measured: :class:`Runner` is the adapt
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import functools
+import importlib
+import importlib.util
 import json
 import math
 import os
@@ -323,35 +338,89 @@ def _reduce_ints(values: list[int], redop: str, dtype: DType) -> float:
 
 
 class Arrays:
-    """The few array operations the harness needs, on numpy arrays or torch tensors."""
+    """The few array operations the harness needs, on numpy arrays or torch tensors in host
+    memory, or on torch tensors or CuPy arrays on CUDA device `device`.
 
-    def __init__(self, kind: str) -> None:
-        if kind not in ("numpy", "torch"):
-            raise ValueError(f"unknown tensor library {kind!r}: numpy or torch")
+    Device buffers are used on the current stream of their library (torch's or CuPy's):
+    fills and checks are queued there, so they are ordered with the operations that the
+    runners order after that stream and make that stream wait for."""
+
+    KINDS = ("numpy", "torch", "cupy")
+
+    def __init__(self, kind: str, device: Optional[int] = None) -> None:
+        if kind not in self.KINDS:
+            raise ValueError(f"unknown tensor library {kind!r}: numpy, torch or cupy")
+        if kind == "numpy" and device is not None:
+            raise ValueError("numpy arrays live in host memory: use torch or cupy on a GPU")
+        if kind == "cupy" and device is None:
+            raise ValueError("CuPy arrays live on a GPU: give the CUDA device")
         self.kind = kind
+        self.device = device
         if kind == "torch":
             import torch
 
             self._mod: Any = torch
+        elif kind == "cupy":
+            import cupy
+
+            self._mod = cupy
         else:
             import numpy
 
             self._mod = numpy
 
+    @property
+    def on_device(self) -> bool:
+        """True when the buffers are in CUDA device memory."""
+        return self.device is not None
+
     def empty(self, count: int, dtype: DType) -> Any:
         """A new 1-D buffer of `count` zeroed elements (every page touched)."""
         if self.kind == "torch":
-            return self._mod.zeros(count, dtype=getattr(self._mod, dtype.torch))
+            where = "cpu" if self.device is None else f"cuda:{self.device}"
+            return self._mod.zeros(count, dtype=getattr(self._mod, dtype.torch), device=where)
         if dtype.numpy is None:
-            raise ValueError(f"numpy has no {dtype.name}: use --tensor torch")
+            raise ValueError(f"{self.kind} has no {dtype.name}: use --tensor torch")
+        if self.kind == "cupy":
+            with self._mod.cuda.Device(self.device):
+                return self._mod.zeros(count, dtype=dtype.numpy)
         return self._mod.zeros(count, dtype=dtype.numpy)
 
     def scalar_in(self, value: float, dtype: DType) -> float:
-        """`value` rounded to `dtype`, as a Python float."""
+        """`value` rounded to `dtype`, as a Python float (computed on the host)."""
         if self.kind == "torch":
             t = self._mod.tensor([value], dtype=getattr(self._mod, dtype.torch))
             return float(t.to(self._mod.float64)[0])
-        return float(self._mod.array([value]).astype(dtype.numpy)[0])
+        import numpy
+
+        return float(numpy.array([value]).astype(dtype.numpy)[0])
+
+    def host_floats(self, values: list[float]) -> Any:
+        """`values` as a float64 buffer in host memory (for the harness's own collectives)."""
+        if self.kind == "torch":
+            return self._mod.tensor(values, dtype=self._mod.float64)
+        import numpy
+
+        return numpy.array(values, dtype=numpy.float64)
+
+    def synchronize(self) -> None:
+        """Blocks until the device has finished everything queued on it by this process (the
+        buffers' device; nothing for host memory)."""
+        if self.device is None:
+            return
+        if self.kind == "torch":
+            self._mod.cuda.synchronize(self.device)
+        else:
+            self._mod.cuda.Device(self.device).synchronize()
+
+    def device_name(self) -> str:
+        """The name of the buffers' GPU ("" for host memory)."""
+        if self.device is None:
+            return ""
+        if self.kind == "torch":
+            return str(self._mod.cuda.get_device_name(self.device))
+        name = self._mod.cuda.runtime.getDeviceProperties(self.device)["name"]
+        return name.decode() if isinstance(name, bytes) else str(name)
 
     @staticmethod
     def fill(buf: Any, value: float) -> None:
@@ -360,7 +429,8 @@ class Arrays:
 
     @staticmethod
     def count_wrong(buf: Any, expected: float, tol: float) -> int:
-        """Elements of `buf` (a view) that differ from `expected` by more than `tol`."""
+        """Elements of `buf` (a view) that differ from `expected` by more than `tol` (for a
+        device buffer: counted on the device, after the work queued on the current stream)."""
         if buf.shape[0] == 0:
             return 0
         if tol == 0.0 or math.isinf(expected):
@@ -448,6 +518,10 @@ class Runner:
         """Every rank's `text`, in rank order (on every rank)."""
         raise NotImplementedError
 
+    def settle(self) -> None:
+        """Returns once every operation posted so far has completed, device work included
+        (nothing to do where each call blocks until its operation is complete)."""
+
     def describe(self) -> dict[str, Any]:
         """Facts for the header and JSON (transport, versions)."""
         return {}
@@ -457,10 +531,26 @@ class Runner:
         ranks may never get there)."""
 
 
+# xccl operations on device memory a rank may have posted and not yet seen complete on the
+# CPU: enough to keep the device busy while the CPU posts the next ones (the device runs them
+# one after the other, each ordered after the stream that waits for the previous one), few
+# enough to bound the work in flight.
+DEVICE_WINDOW = 8
+
+
 class TorchApiRunner(Runner):
     """xccl or torch.distributed (gloo) through the torch.distributed API; both take the
     same calls, except the ``algo=`` keyword and out-of-place all_reduce/reduce (xccl's
-    communicator)."""
+    communicator).
+
+    On CUDA buffers (``arrays.on_device``) the loop measures what nccl-tests measures: calls
+    are posted back to back and the time runs until the device has finished the last one.
+    xccl's calls are posted with ``async_op=True`` and ``Work.wait()``, which makes the
+    current stream wait for the operation without blocking the CPU (the next call is ordered
+    after that stream); at most DEVICE_WINDOW of them are in flight. gloo's calls block the
+    CPU while gloo copies through host memory, and make the current stream wait for the copy
+    back. gloo has no CUDA send/recv (it would hand the device pointer to its TCP transport):
+    its point-to-point tests copy through pinned host buffers here, as its collectives do."""
 
     def __init__(self, backend: str, arrays: Arrays, algo: Optional[str]) -> None:
         self.name = backend
@@ -475,6 +565,7 @@ class TorchApiRunner(Runner):
 
             self.dist = tdist
         self._kw: dict[str, Any] = {} if algo is None else {"algo": algo}
+        self._pending: collections.deque[Any] = collections.deque()
 
     def init(self, init_method: str, rank: int, world_size: int, timeout_s: float) -> None:
         """Joins the job (init_process_group)."""
@@ -503,6 +594,11 @@ class TorchApiRunner(Runner):
     def prepare(
         self, op: str, sbuf: Any, rbuf: Any, root: int, redop: str, inplace: bool
     ) -> Optional[Callable[[], None]]:
+        if self.arrays.on_device:
+            if self.name == "xccl":
+                return self._prepare_device(op, sbuf, rbuf, root, redop, inplace)
+            if op in ("sendrecv", "pingpong"):
+                return self._prepare_staged_p2p(op, sbuf, rbuf, inplace)
         d = self.dist
         rop = self._redop(redop)
 
@@ -567,6 +663,138 @@ class TorchApiRunner(Runner):
             return pong
         raise ValueError(op)
 
+    # -- device memory --------------------------------------------------------------------------
+
+    def _post(self, work: Any) -> None:
+        """Makes the current stream wait for xccl's `work` (no CPU block) and keeps it; once
+        more than DEVICE_WINDOW are kept, blocks the CPU until the oldest has completed."""
+        work.wait()
+        self._pending.append(work)
+        while len(self._pending) > DEVICE_WINDOW:
+            self._pending.popleft().synchronize()
+
+    def settle(self) -> None:
+        while self._pending:
+            self._pending.popleft().synchronize()
+        self.arrays.synchronize()
+
+    def _prepare_device(
+        self, op: str, sbuf: Any, rbuf: Any, root: int, redop: str, inplace: bool
+    ) -> Optional[Callable[[], None]]:
+        """xccl on CUDA buffers: each call posted with async_op=True and waited for on the
+        current stream (see the class). Out-of-place all_reduce and reduce are the
+        communicator's, which these measurements leave out (N/A)."""
+        d, post = self.dist, self._post
+        rop = self._redop(redop)
+
+        def api(fn: Callable[..., Any]) -> Callable[..., Any]:
+            return functools.partial(fn, async_op=True, **self._kw)
+
+        if op == "all_reduce":
+            if not inplace:
+                return None
+            fn = api(d.all_reduce)
+            return lambda: post(fn(rbuf, rop))
+        if op == "reduce":
+            if not inplace:
+                return None
+            fn = api(d.reduce)
+            return lambda: post(fn(rbuf, root, rop))
+        if op == "broadcast":
+            if not inplace:
+                return None
+            fn = api(d.broadcast)
+            return lambda: post(fn(rbuf, root))
+        if op == "all_gather":
+            fn = api(getattr(d, "all_gather_single", None) or d.all_gather_into_tensor)
+            return lambda: post(fn(rbuf, sbuf))
+        if op == "reduce_scatter":
+            fn = api(getattr(d, "reduce_scatter_single", None) or d.reduce_scatter_tensor)
+            return lambda: post(fn(rbuf, sbuf, rop))
+        if op == "all_to_all":
+            if inplace:
+                return None
+            fn = api(d.all_to_all_single)
+            return lambda: post(fn(rbuf, sbuf))
+        if inplace:
+            return None
+        if op == "sendrecv":
+            nxt, prv = (self.rank + 1) % self.size, (self.rank - 1) % self.size
+
+            def sendrecv() -> None:
+                # Both posted before the stream waits for either: in a ring, a receive
+                # ordered after this rank's send would wait for itself.
+                s = d.isend(sbuf, nxt)
+                r = d.irecv(rbuf, prv)
+                post(s)
+                post(r)
+
+            return sendrecv
+        if op == "pingpong":
+            peer = pingpong_peer(self.rank, self.size)
+            if peer is None:
+                return lambda: None
+            if self.rank % 2 == 0:
+
+                def ping() -> None:
+                    post(d.isend(sbuf, peer))
+                    post(d.irecv(rbuf, peer))
+
+                return ping
+
+            def pong() -> None:
+                post(d.irecv(rbuf, peer))
+                post(d.isend(sbuf, peer))
+
+            return pong
+        raise ValueError(op)
+
+    def _prepare_staged_p2p(
+        self, op: str, sbuf: Any, rbuf: Any, inplace: bool
+    ) -> Optional[Callable[[], None]]:
+        """gloo's point-to-point tests on CUDA buffers, through pinned host buffers: copy to
+        the host, send, receive, copy to the device (each copy blocks until done)."""
+        if inplace:
+            return None
+        import torch
+
+        d = self.dist
+        pin = torch.cuda.is_available()  # (the tests stage host "device" buffers without it)
+        hs = torch.empty(sbuf.shape[0], dtype=sbuf.dtype, pin_memory=pin)
+        hr = torch.empty(rbuf.shape[0], dtype=rbuf.dtype, pin_memory=pin)
+        if op == "sendrecv":
+            nxt, prv = (self.rank + 1) % self.size, (self.rank - 1) % self.size
+
+            def sendrecv() -> None:
+                hs.copy_(sbuf)
+                s = d.isend(hs, nxt)
+                r = d.irecv(hr, prv)
+                s.wait()
+                r.wait()
+                rbuf.copy_(hr)
+
+            return sendrecv
+        peer = pingpong_peer(self.rank, self.size)
+        if peer is None:
+            return lambda: None
+        if self.rank % 2 == 0:
+
+            def ping() -> None:
+                hs.copy_(sbuf)
+                d.send(hs, peer)
+                d.recv(hr, peer)
+                rbuf.copy_(hr)
+
+            return ping
+
+        def pong() -> None:
+            d.recv(hr, peer)
+            rbuf.copy_(hr)
+            hs.copy_(sbuf)
+            d.send(hs, peer)
+
+        return pong
+
     def _xccl_direct(
         self, which: str, sbuf: Any, rbuf: Any, redop: str, root: Optional[int]
     ) -> Optional[Callable[[], None]]:
@@ -582,20 +810,11 @@ class TorchApiRunner(Runner):
             return lambda: comm.allreduce(sbuf, rbuf, c_op, 1.0, algo=algo).wait()
         return lambda: comm.reduce(sbuf, rbuf, c_op, root, 1.0, algo=algo).wait()
 
-    def _floats(self, values: list[float]) -> Any:
-        if self.arrays.kind == "torch":
-            import torch
-
-            return torch.tensor(values, dtype=torch.float64)
-        import numpy
-
-        return numpy.array(values, dtype=numpy.float64)
-
     def barrier(self) -> None:
         self.dist.barrier()
 
     def allreduce_floats(self, values: list[float], how: str) -> list[float]:
-        buf = self._floats(values)
+        buf = self.arrays.host_floats(values)
         op = self.dist.ReduceOp.SUM if how == "sum" else self.dist.ReduceOp.MAX
         self.dist.all_reduce(buf, op)
         return [float(v) for v in buf.tolist()]
@@ -623,10 +842,14 @@ class TorchApiRunner(Runner):
 
             info["version"] = f"torch {torch.__version__}"
             info["transports"] = ["tcp"]
+        if self.arrays.on_device:
+            info["device"] = f"cuda:{self.arrays.device}"
+            info["gpu"] = self.arrays.device_name()
         return info
 
     def close(self, ok: bool = True) -> None:
         if ok:
+            self.settle()
             self.dist.barrier()
         self.dist.destroy_process_group()
 
@@ -770,7 +993,10 @@ def _measure(
     rbuf: Any,
     inplace: bool,
 ) -> Result:
-    """Check, warm-up and timed loop of one (size, placement)."""
+    """Check, warm-up and timed loop of one (size, placement). Every loop's time runs until
+    its last operation has completed (runner.settle: on a device, until the device has
+    finished it, as nccl-tests times its loops), and every loop starts with nothing in
+    flight."""
     wrong: Optional[int] = None
     if opts.check > 0:
         mine = sum(
@@ -778,10 +1004,12 @@ def _measure(
         )
         wrong = int(runner.allreduce_floats([float(mine)], "sum")[0])
 
+    runner.settle()
     runner.barrier()
     t0 = time.perf_counter()
     for _ in range(opts.warmup):
         fn()
+    runner.settle()
     warm = (time.perf_counter() - t0) / opts.warmup if opts.warmup > 0 else 0.0
 
     iters = opts.iters
@@ -798,13 +1026,16 @@ def _measure(
         t0 = time.perf_counter()
         for _ in range(cal):
             fn()
+        runner.settle()
         per_call = max((time.perf_counter() - t0) / cal, 1e-9)
         iters = max(iters, agreed(opts.mintime / per_call))
 
+    runner.settle()
     runner.barrier()
     t0 = time.perf_counter()
     for _ in range(iters):
         fn()
+    runner.settle()
     sec = (time.perf_counter() - t0) / max(1, iters)
     active = 1.0
     if op == "pingpong":
@@ -1179,9 +1410,18 @@ def build_parser(prog: str = PROG, launcher: bool = True) -> argparse.ArgumentPa
     x.add_argument("--no-progress", action="store_true", help="no progress bar")
     x.add_argument(
         "--tensor",
-        choices=("auto", "numpy", "torch"),
+        choices=("auto", "numpy", "torch", "cupy"),
         default="auto",
-        help="buffer library: torch for gloo and bfloat16, else numpy (auto)",
+        help="buffer library: torch for gloo and bfloat16, else numpy (auto); on "
+        "--device cuda torch, or CuPy where torch is missing",
+    )
+    x.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="where the buffers live: host memory (cpu, default) or the rank's GPU "
+        "(cuda: LOCAL_RANK modulo the GPUs this process sees; ranks share GPU 0 when "
+        "there is one)",
     )
     if launcher:
         x.add_argument(
@@ -1245,11 +1485,89 @@ def options_from_args(args: argparse.Namespace, command: str, tool: str = PROG) 
     )
 
 
-def tensor_kind(choice: str, backend: str, dtype: DType) -> str:
-    """The buffer library: torch for gloo (it takes nothing else) and for bfloat16."""
+def tensor_kind(choice: str, backend: str, dtype: DType, device: str = "cpu") -> str:
+    """The buffer library: torch for gloo (it takes nothing else) and for bfloat16; on a GPU
+    torch, or CuPy where torch cannot be imported. ValueError for a library that cannot hold
+    the buffers asked for."""
+    if device == "cuda":
+        if choice == "numpy":
+            raise ValueError("--device cuda needs GPU buffers: --tensor torch or cupy, not numpy")
+        if choice == "cupy" and backend == "gloo":
+            raise ValueError("--backend gloo takes torch tensors only (--tensor torch)")
+        if choice == "cupy" and dtype.numpy is None:
+            raise ValueError(f"CuPy has no {dtype.name}: use --tensor torch")
+        if choice != "auto":
+            return choice
+        if backend == "gloo" or dtype.numpy is None or _importable("torch"):
+            return "torch"
+        return "cupy" if _importable("cupy") else "torch"
+    if choice == "cupy":
+        raise ValueError("--tensor cupy holds GPU buffers: add --device cuda")
     if choice != "auto":
         return choice
     return "torch" if backend == "gloo" or dtype.numpy is None else "numpy"
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def cuda_devices(kind: str) -> int:
+    """The CUDA devices `kind` (torch or cupy) sees; 0 without a driver or a device. Raises
+    ImportError when the library is missing."""
+    if kind == "torch":
+        import torch
+
+        return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+    import cupy
+
+    try:
+        return int(cupy.cuda.runtime.getDeviceCount())
+    except Exception:  # cupy's CUDARuntimeError: no driver, no device
+        return 0
+
+
+def cuda_problem(backend: str, kind: str) -> Optional[str]:
+    """Why this process cannot run `backend` on CUDA buffers of `kind`, or None if it can."""
+    try:
+        ndev = cuda_devices(kind)
+    except ImportError as e:
+        return f"the tensor library {kind!r} cannot be imported ({e})"
+    if ndev == 0:
+        if kind == "torch":
+            import torch
+
+            if torch.version.cuda is None:
+                return f"torch {torch.__version__} was built without CUDA"
+            return f"torch {torch.__version__} sees no CUDA device (no GPU or no driver)"
+        return "CuPy sees no CUDA device (no GPU or no driver)"
+    if backend == "xccl":
+        try:
+            xcuda = importlib.import_module("xccl.cuda")
+        except ImportError as e:
+            return f"this xccl has no CUDA support (xccl.cuda: {e})"
+        if not xcuda.is_available():
+            why = ""
+            info = getattr(xcuda, "build_info", None)
+            if info is not None:
+                try:
+                    got = info()
+                    why = str(got.get("why", "") if isinstance(got, dict) else got)
+                except Exception as e:  # the reason is only for the message
+                    why = str(e)
+            return "xccl.cuda.is_available() is False" + (f": {why}" if why else "")
+    return None
+
+
+def rank_device(ndev: int) -> int:
+    """The GPU of this rank: LOCAL_RANK modulo the `ndev` GPUs (ranks share GPU 0 when
+    there is one)."""
+    if ndev < 1:
+        raise ValueError("no CUDA device")
+    return int(os.environ.get("LOCAL_RANK", "0") or 0) % ndev
 
 
 def _spawn(nranks: int, argv: Sequence[str], env_extra: dict[str, str]) -> int:
@@ -1319,8 +1637,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise ValueError("--transport applies to --backend xccl only")
         if args.tensor == "numpy" and args.backend == "gloo":
             raise ValueError("--backend gloo takes torch tensors only (--tensor torch)")
+        kind = tensor_kind(args.tensor, args.backend, opts.dtype, args.device)
     except ValueError as e:
         parser.error(str(e))
+    if args.device == "cuda":
+        why = cuda_problem(args.backend, kind)
+        if why is not None:
+            print(f"{PROG}: --device cuda: no usable GPU: {why}", file=sys.stderr)
+            return 2
 
     env_extra: dict[str, str] = {}
     if args.transport != "auto":
@@ -1334,8 +1658,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     os.environ.update(env_extra)
     rank = int(os.environ["RANK"])
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    kind = tensor_kind(args.tensor, args.backend, opts.dtype)
-    runner = TorchApiRunner(args.backend, Arrays(kind), args.algo)
+    device: Optional[int] = None
+    if args.device == "cuda":
+        device = rank_device(cuda_devices(kind))
+        _use_device(kind, device, args.backend)
+    runner = TorchApiRunner(args.backend, Arrays(kind, device), args.algo)
     runner.init(args.init_method, rank, world, args.timeout)
     try:
         status = run_benchmarks(runner, opts)
@@ -1344,6 +1671,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         raise
     runner.close()
     return status
+
+
+def _use_device(kind: str, device: int, backend: str) -> None:
+    """Makes `device` this process's GPU for the tensor library (and xccl)."""
+    if kind == "torch":
+        import torch
+
+        torch.cuda.set_device(device)
+    else:
+        import cupy
+
+        cupy.cuda.Device(device).use()
+    if backend == "xccl":
+        xcuda = importlib.import_module("xccl.cuda")
+        set_device = getattr(xcuda, "set_device", None)
+        if set_device is not None:
+            set_device(device)
 
 
 if __name__ == "__main__":

@@ -225,8 +225,7 @@ static xccl_status_t fdev_test(void *ev)
     return st;
 }
 
-/* Streams: order_after counts its calls and remembers the stream and how many operations were
- * queued before it; gates are tickets 1, 2, ... whose state is kept (closed, open, opened twice
+/* Streams: order_after counts its calls and remembers the stream; gates are tickets 1, 2, ... whose state is kept (closed, open, opened twice
  * - a bug) and gate_wait counts its calls with the last ticket and stream. */
 enum { FGATE_CLOSED = 1, FGATE_OPEN = 2, FGATE_TWICE = 3 };
 
@@ -236,16 +235,17 @@ static struct {
     uint64_t       next;
     unsigned       orders, waits;
     void          *order_stream, *wait_stream;
-    size_t         order_queued; /* fdev.queued at the last order_after */
     uint64_t       wait_ticket;
     pthread_mutex_t lock; /* gates are taken by posting threads, opened by the progress thread */
 } fgate = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
+/* Called by posting threads without the context's lock: touches fgate only. */
 static xccl_status_t fdev_order_after(void *stream)
 {
+    pthread_mutex_lock(&fgate.lock);
     fgate.orders++;
     fgate.order_stream = stream;
-    fgate.order_queued = fdev.queued;
+    pthread_mutex_unlock(&fgate.lock);
     return XCCL_OK;
 }
 

@@ -1,0 +1,592 @@
+/* SPDX-License-Identifier: Apache-2.0
+ *
+ * cuda_exec.c - the CUDA executor (core/exec.h): copies with cuMemcpyAsync and reductions with
+ * the kernels of kernels.cu, all queued on xccl's stream, each followed by an event the core
+ * tests; scratch memory with cuMemAlloc; stream ordering (order_after) with events; completion
+ * gates in pinned, device-mapped host memory (gate.h) waited for with cuStreamWaitValue32.
+ *
+ * The kernels' fatbin is embedded by the build (csrc/cuda/build_fatbin.py: xccl_cuda_fatbin);
+ * the references to it are weak, so a build without nvcc (and the C tests) links without it and
+ * reports reductions as not supported. The module is loaded when the device is chosen.
+ *
+ * Gates when the device cannot wait on a value (stream memory operations unsupported): gate_wait
+ * of a gate still closed fails with XCCL_ERR_NOT_SUPPORTED and says so; one already open needs
+ * no wait. Nothing ever spins on the device beyond cuStreamWaitValue32.
+ */
+#include "cuda/cuda_exec.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/check.h"
+#include "cuda/gate.h"
+
+/* ---------------------------------------------------------------------------------------------
+ * The embedded kernels (weak: absent when the build had no nvcc)
+ * ------------------------------------------------------------------------------------------- */
+
+extern const unsigned char xccl_cuda_fatbin[] __attribute__((weak));
+extern const size_t        xccl_cuda_fatbin_size __attribute__((weak));
+extern const char          xccl_cuda_archs[] __attribute__((weak));
+
+#ifndef XCCL_CUDA_WHY
+#define XCCL_CUDA_WHY "built without the GPU kernels (nvcc not found)"
+#endif
+
+static int have_kernels(void)
+{
+    return xccl_cuda_fatbin != NULL && &xccl_cuda_fatbin_size != NULL && xccl_cuda_fatbin_size > 0;
+}
+
+const char *xccl_cuda_kernel_archs(void)
+{
+    return have_kernels() && xccl_cuda_archs != NULL ? xccl_cuda_archs : "";
+}
+
+const char *xccl_cuda_kernel_why(void)
+{
+    return have_kernels() ? "" : XCCL_CUDA_WHY;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * State (set once by xccl_cuda_exec_init, before the executor is registered)
+ * ------------------------------------------------------------------------------------------- */
+
+#define THREADS    256
+#define GATE_WORDS 4096u
+#define NOPS       7 /* base operators */
+
+enum { K_REDUCE2, K_REDUCE_N, K_SCALE, K_DIVIDE, K_KINDS };
+
+static CUmodule     module;
+static unsigned int max_blocks = 1;
+static xccl_gates_t gates;
+static uint32_t    *gate_host;
+static CUdeviceptr  gate_dev;
+static int          gates_ready;
+
+/* kernel cache: [kind][dtype][op] (scale/divide: op 0) */
+static pthread_mutex_t fn_mu = PTHREAD_MUTEX_INITIALIZER;
+static CUfunction      fn_cache[K_KINDS][XCCL_DTYPE_COUNT][NOPS];
+
+/* scratch for overlapping copies (memmove through it); grown under scratch_mu */
+static pthread_mutex_t scratch_mu = PTHREAD_MUTEX_INITIALIZER;
+static CUdeviceptr     scratch;
+static size_t          scratch_len;
+
+xccl_status_t xccl_cuda_exec_init(CUdevice dev)
+{
+    int      sms = 0;
+    CUresult rc;
+    void    *host = NULL;
+
+    rc = xccl_cu.DeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
+    if (rc != CUDA_SUCCESS) return xccl_cuda_fail(rc, "cuDeviceGetAttribute(MULTIPROCESSOR_COUNT)");
+    max_blocks = sms > 0 ? 4u * (unsigned)sms : 64u;
+    if (have_kernels() && module == NULL) {
+        rc = xccl_cu.ModuleLoadData(&module, xccl_cuda_fatbin);
+        if (rc != CUDA_SUCCESS) {
+            const char *en = NULL;
+
+            module = NULL;
+            (void)xccl_cu.GetErrorName(rc, &en);
+            return XCCL_ERROR(XCCL_ERR_CUDA,
+                              "cuda: cannot load xccl's GPU kernels (compiled for %s) on this "
+                              "device: cuModuleLoadData: %s (a driver older than the CUDA "
+                              "compiler, or a GPU older than sm_75?)",
+                              xccl_cuda_kernel_archs(), en != NULL ? en : "?");
+        }
+    }
+    if (!gates_ready) {
+        CUdeviceptr   d = 0;
+        xccl_status_t st;
+
+        rc = xccl_cu.MemHostAlloc(&host, GATE_WORDS * sizeof(uint32_t),
+                                  CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE);
+        if (rc != CUDA_SUCCESS) return xccl_cuda_fail(rc, "cuMemHostAlloc (completion gates)");
+        rc = xccl_cu.MemHostGetDevicePointer(&d, host, 0);
+        if (rc != CUDA_SUCCESS) {
+            (void)xccl_cu.MemFreeHost(host);
+            return xccl_cuda_fail(rc, "cuMemHostGetDevicePointer (completion gates)");
+        }
+        st = xccl_gates_init(&gates, host, GATE_WORDS);
+        if (st != XCCL_OK) {
+            (void)xccl_cu.MemFreeHost(host);
+            return st;
+        }
+        gate_host   = host;
+        gate_dev    = d;
+        gates_ready = 1;
+    }
+    return XCCL_OK;
+}
+
+void xccl_cuda_exec_fini(void)
+{
+    if (gates_ready) {
+        xccl_gates_fini(&gates);
+        (void)xccl_cu.MemFreeHost(gate_host);
+        gate_host   = NULL;
+        gate_dev    = 0;
+        gates_ready = 0;
+    }
+    if (module != NULL) (void)xccl_cu.ModuleUnload(module);
+    module = NULL;
+    memset(fn_cache, 0, sizeof fn_cache);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Kernels: names, lookup, launch
+ * ------------------------------------------------------------------------------------------- */
+
+static const char *const dt_names[XCCL_DTYPE_COUNT] = {
+    [XCCL_BOOL] = "bool",   [XCCL_UINT8] = "u8",      [XCCL_INT8] = "i8",
+    [XCCL_INT16] = "i16",   [XCCL_INT32] = "i32",     [XCCL_INT64] = "i64",
+    [XCCL_FLOAT16] = "f16", [XCCL_BFLOAT16] = "bf16", [XCCL_FLOAT32] = "f32",
+    [XCCL_FLOAT64] = "f64", [XCCL_COMPLEX64] = "c64", [XCCL_COMPLEX128] = "c128",
+};
+static const char *const op_names[NOPS]      = {"sum", "prod", "min", "max", "and", "or", "xor"};
+static const char *const kind_names[K_KINDS] = {"reduce2", "reduce_n", "scale", "divide"};
+
+static int is_int(xccl_dtype_t dt)
+{
+    return dt == XCCL_UINT8 || dt == XCCL_INT8 || dt == XCCL_INT16 || dt == XCCL_INT32 ||
+           dt == XCCL_INT64;
+}
+
+/* The alignment every element pointer needs (a misaligned access kills the CUDA context). */
+static size_t elem_align(xccl_dtype_t dt)
+{
+    size_t s = xccl_dtype_size(dt);
+
+    return dt == XCCL_COMPLEX64 || dt == XCCL_COMPLEX128 ? s / 2 : s;
+}
+
+/* Rewrites (dtype, op, count) to the kernel that computes it, as reduce.c's canonical(). */
+static void canonical(xccl_dtype_t *dt, xccl_op_t *op, size_t *count)
+{
+    if (*op == XCCL_OP_SUM && (*dt == XCCL_COMPLEX64 || *dt == XCCL_COMPLEX128)) {
+        *dt = *dt == XCCL_COMPLEX64 ? XCCL_FLOAT32 : XCCL_FLOAT64;
+        *count *= 2;
+    } else if ((*op == XCCL_OP_BAND || *op == XCCL_OP_BOR || *op == XCCL_OP_BXOR) && is_int(*dt)) {
+        *count *= xccl_dtype_size(*dt);
+        *dt = XCCL_UINT8;
+    } else if (*dt == XCCL_BOOL) {
+        switch (*op) {
+        case XCCL_OP_SUM:
+        case XCCL_OP_MAX:
+        case XCCL_OP_BOR:
+            *op = XCCL_OP_BOR;
+            break;
+        case XCCL_OP_PROD:
+        case XCCL_OP_MIN:
+        case XCCL_OP_BAND:
+            *op = XCCL_OP_BAND;
+            break;
+        default:
+            *op = XCCL_OP_BXOR;
+            break;
+        }
+    }
+}
+
+/* The kernel for (kind, dtype, op) after canonical(): XCCL_OK and *out, or the error. */
+static xccl_status_t kernel(int kind, xccl_dtype_t dt, xccl_op_t op, CUfunction *out)
+{
+    int        o = kind == K_SCALE || kind == K_DIVIDE ? 0 : (int)op;
+    CUfunction f;
+    char       name[64];
+    CUresult   rc = CUDA_SUCCESS;
+
+    if (module == NULL)
+        return XCCL_ERROR(XCCL_ERR_NOT_SUPPORTED, "cuda: no GPU kernels in this build (%s)",
+                          xccl_cuda_kernel_why());
+    pthread_mutex_lock(&fn_mu);
+    f = fn_cache[kind][dt][o];
+    if (f == NULL) {
+        if (kind == K_SCALE || kind == K_DIVIDE)
+            snprintf(name, sizeof name, "xccl_%s_%s", kind_names[kind], dt_names[dt]);
+        else
+            snprintf(name, sizeof name, "xccl_%s_%s_%s", kind_names[kind], dt_names[dt],
+                     op_names[o]);
+        rc = xccl_cu.ModuleGetFunction(&f, module, name);
+        if (rc == CUDA_SUCCESS) fn_cache[kind][dt][o] = f;
+    }
+    pthread_mutex_unlock(&fn_mu);
+    if (rc != CUDA_SUCCESS) return xccl_cuda_fail(rc, "cuModuleGetFunction(xccl kernel)");
+    *out = f;
+    return XCCL_OK;
+}
+
+/* Blocks for `count` elements of `esize` bytes: one thread per 16 bytes, capped (grid-stride). */
+static unsigned int blocks_for(size_t count, size_t esize)
+{
+    size_t per   = esize >= 16 ? 1 : 16 / esize;
+    size_t units = (count + per - 1) / per;
+    size_t b     = (units + THREADS - 1) / THREADS;
+
+    if (b < 1) b = 1;
+    return b > max_blocks ? max_blocks : (unsigned int)b;
+}
+
+static xccl_status_t launch(CUfunction f, size_t count, size_t esize, void **args, CUstream s,
+                            const char *what)
+{
+    CUresult rc =
+        xccl_cu.LaunchKernel(f, blocks_for(count, esize), 1, 1, THREADS, 1, 1, 0, s, args, NULL);
+
+    return rc == CUDA_SUCCESS ? XCCL_OK : xccl_cuda_fail(rc, what);
+}
+
+/* Records an event after the work just queued on xccl's stream: XCCL_INPROGRESS with *ev. When
+ * that fails the work is still queued: wait for it, so the caller may free its buffers. */
+static xccl_status_t finish(void **ev)
+{
+    CUstream s = xccl_cuda_stream();
+    CUevent  e = xccl_cuda_event_get();
+    CUresult rc;
+
+    if (e == NULL) {
+        (void)xccl_cu.StreamSynchronize(s);
+        return XCCL_ERR_CUDA; /* the error was set by event_get */
+    }
+    rc = xccl_cu.EventRecord(e, s);
+    if (rc != CUDA_SUCCESS) {
+        xccl_status_t st = xccl_cuda_fail(rc, "cuEventRecord");
+
+        xccl_cuda_event_put(e);
+        (void)xccl_cu.StreamSynchronize(s);
+        return st;
+    }
+    *ev = e;
+    return XCCL_INPROGRESS;
+}
+
+static xccl_status_t check_ptrs(const char *what, const void *const *p, int n, xccl_dtype_t dt)
+{
+    size_t al = elem_align(dt);
+
+    for (int i = 0; i < n; i++) {
+        if (p[i] == NULL) return XCCL_ERROR(XCCL_ERR_INVALID_ARG, "cuda %s: NULL buffer", what);
+        if ((uintptr_t)p[i] % al != 0)
+            return XCCL_ERROR(XCCL_ERR_INVALID_ARG,
+                              "cuda %s: buffer %p is not aligned to its %s elements (%zu bytes)",
+                              what, p[i], xccl_dtype_name(dt), al);
+    }
+    return XCCL_OK;
+}
+
+static xccl_status_t check_base(const char *what, xccl_dtype_t dt, xccl_op_t op)
+{
+    XCCL_CHECK(xccl_op_check(op, dt));
+    if ((int)op >= NOPS)
+        return XCCL_ERROR(XCCL_ERR_INVALID_ARG, "cuda %s: op %s is not a base operator", what,
+                          xccl_op_name(op));
+    return XCCL_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The executor
+ * ------------------------------------------------------------------------------------------- */
+
+/* memmove of overlapping ranges through the scratch buffer (rare: in-place shifts) */
+static xccl_status_t copy_overlap(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st)
+{
+    CUresult rc;
+
+    pthread_mutex_lock(&scratch_mu);
+    if (scratch_len < n) {
+        CUdeviceptr p = 0;
+
+        /* the old buffer may still be read by queued copies */
+        rc = xccl_cu.StreamSynchronize(st);
+        if (rc == CUDA_SUCCESS && scratch != 0) rc = xccl_cu.MemFree(scratch);
+        if (rc == CUDA_SUCCESS) {
+            scratch     = 0;
+            scratch_len = 0;
+            rc          = xccl_cu.MemAlloc(&p, n);
+        }
+        if (rc != CUDA_SUCCESS) {
+            pthread_mutex_unlock(&scratch_mu);
+            return xccl_cuda_fail(rc, "cuda copy: scratch for overlapping ranges");
+        }
+        scratch     = p;
+        scratch_len = n;
+    }
+    rc = xccl_cu.MemcpyAsync(scratch, s, n, st);
+    if (rc == CUDA_SUCCESS) rc = xccl_cu.MemcpyAsync(d, scratch, n, st);
+    pthread_mutex_unlock(&scratch_mu);
+    return rc == CUDA_SUCCESS ? XCCL_OK : xccl_cuda_fail(rc, "cuMemcpyAsync");
+}
+
+static xccl_status_t cu_copy(void *dst, const void *src, size_t nbytes, void **ev)
+{
+    CUdeviceptr d = (CUdeviceptr)(uintptr_t)dst, s = (CUdeviceptr)(uintptr_t)src;
+    CUresult    rc;
+
+    *ev = NULL;
+    if (nbytes == 0 || dst == src) return XCCL_OK;
+    if (dst == NULL || src == NULL)
+        return XCCL_ERROR(XCCL_ERR_INVALID_ARG, "cuda copy: NULL buffer for %zu bytes", nbytes);
+    XCCL_CHECK(xccl_cuda_enter());
+    if (d < s + nbytes && s < d + nbytes) {
+        XCCL_CHECK(copy_overlap(d, s, nbytes, xccl_cuda_stream()));
+    } else {
+        rc = xccl_cu.MemcpyAsync(d, s, nbytes, xccl_cuda_stream());
+        if (rc != CUDA_SUCCESS) return xccl_cuda_fail(rc, "cuMemcpyAsync");
+    }
+    return finish(ev);
+}
+
+static xccl_status_t cu_reduce(void *dst, const void *a, const void *b, size_t count,
+                               xccl_dtype_t dtype, xccl_op_t op, void **ev)
+{
+    const void *ptrs[3] = {dst, a, b};
+    CUfunction  f;
+    size_t      n = count;
+
+    *ev = NULL;
+    XCCL_CHECK(check_base("reduce", dtype, op));
+    if (count == 0) return XCCL_OK;
+    XCCL_CHECK(check_ptrs("reduce", ptrs, 3, dtype));
+    XCCL_CHECK(xccl_cuda_enter());
+    canonical(&dtype, &op, &n);
+    XCCL_CHECK(kernel(K_REDUCE2, dtype, op, &f));
+    {
+        void *args[] = {&dst, &a, &b, &n};
+        XCCL_CHECK(launch(f, n, xccl_dtype_size(dtype), args, xccl_cuda_stream(),
+                          "cuLaunchKernel(reduce)"));
+    }
+    return finish(ev);
+}
+
+/* scale (divide 0) or divide (1); complex maps to its float component type */
+static xccl_status_t cu_map(int kind, void *dst, const void *src, size_t count, xccl_dtype_t dtype,
+                            double factor, int dn, void **ev)
+{
+    const char *what    = kind == K_SCALE ? "scale" : "divide";
+    const void *ptrs[2] = {dst, src};
+    CUfunction  f;
+    size_t      n = count;
+
+    *ev = NULL;
+    if ((unsigned)dtype >= XCCL_DTYPE_COUNT)
+        return XCCL_ERROR(XCCL_ERR_INVALID_ARG, "cuda %s: invalid dtype %d", what, (int)dtype);
+    if (dtype == XCCL_BOOL)
+        return XCCL_ERROR(XCCL_ERR_NOT_SUPPORTED, "cuda %s: not defined for dtype bool", what);
+    if (kind == K_DIVIDE && dn <= 0)
+        return XCCL_ERROR(XCCL_ERR_INVALID_ARG, "cuda divide: divisor %d (need > 0)", dn);
+    if (count == 0) return XCCL_OK;
+    XCCL_CHECK(check_ptrs(what, ptrs, 2, dtype));
+    XCCL_CHECK(xccl_cuda_enter());
+    if (dtype == XCCL_COMPLEX64 || dtype == XCCL_COMPLEX128) {
+        dtype = dtype == XCCL_COMPLEX64 ? XCCL_FLOAT32 : XCCL_FLOAT64;
+        n *= 2;
+    }
+    XCCL_CHECK(kernel(kind, dtype, XCCL_OP_SUM, &f));
+    if (kind == K_SCALE) {
+        void *args[] = {&dst, &src, &n, &factor};
+        XCCL_CHECK(launch(f, n, xccl_dtype_size(dtype), args, xccl_cuda_stream(),
+                          "cuLaunchKernel(scale)"));
+    } else {
+        void *args[] = {&dst, &src, &n, &dn};
+        XCCL_CHECK(launch(f, n, xccl_dtype_size(dtype), args, xccl_cuda_stream(),
+                          "cuLaunchKernel(divide)"));
+    }
+    return finish(ev);
+}
+
+static xccl_status_t cu_scale(void *dst, const void *src, size_t count, xccl_dtype_t dtype,
+                              double factor, void **ev)
+{
+    return cu_map(K_SCALE, dst, src, count, dtype, factor, 1, ev);
+}
+
+static xccl_status_t cu_divide(void *dst, const void *src, size_t count, xccl_dtype_t dtype, int n,
+                               void **ev)
+{
+    return cu_map(K_DIVIDE, dst, src, count, dtype, 0.0, n, ev);
+}
+
+static xccl_status_t cu_test(void *ev)
+{
+    CUresult rc;
+
+    if (ev == NULL) return XCCL_OK;
+    XCCL_CHECK(xccl_cuda_enter());
+    rc = xccl_cu.EventQuery((CUevent)ev);
+    if (rc == CUDA_ERROR_NOT_READY) return XCCL_INPROGRESS;
+    xccl_cuda_event_put((CUevent)ev);
+    return rc == CUDA_SUCCESS ? XCCL_OK : xccl_cuda_fail(rc, "cuda: a queued operation failed");
+}
+
+static void *cu_alloc(size_t nbytes)
+{
+    CUdeviceptr p = 0;
+    CUresult    rc;
+
+    if (xccl_cuda_enter() != XCCL_OK) return NULL;
+    rc = xccl_cu.MemAlloc(&p, nbytes ? nbytes : 1);
+    if (rc != CUDA_SUCCESS) {
+        xccl_cuda_fail(rc, "cuMemAlloc");
+        return NULL;
+    }
+    return (void *)(uintptr_t)p;
+}
+
+static void cu_free(void *p)
+{
+    CUresult rc;
+
+    if (p == NULL || xccl_cuda_enter() != XCCL_OK) return;
+    rc = xccl_cu.MemFree((CUdeviceptr)(uintptr_t)p);
+    if (rc != CUDA_SUCCESS) {
+        xccl_cuda_fail(rc, "cuMemFree");
+        XCCL_WARN("%s", xccl_last_error());
+    }
+}
+
+static xccl_status_t cu_order_after(void *stream)
+{
+    CUstream s = (CUstream)stream, own = xccl_cuda_stream();
+    CUevent  e;
+    CUresult rc;
+
+    if (s == own) return XCCL_OK;
+    XCCL_CHECK(xccl_cuda_enter());
+    e = xccl_cuda_event_get();
+    if (e == NULL) return XCCL_ERR_CUDA;
+    rc = xccl_cu.EventRecord(e, s);
+    if (rc == CUDA_SUCCESS) rc = xccl_cu.StreamWaitEvent(own, e, 0);
+    /* the wait took the event's state at this call: it may be recorded again by a later use */
+    xccl_cuda_event_put(e);
+    return rc == CUDA_SUCCESS ? XCCL_OK
+                              : xccl_cuda_fail(rc, "cuda: ordering after the caller's stream");
+}
+
+/* gate_new and gate_open are host bookkeeping: no driver call, no context needed */
+static xccl_status_t cu_gate_new(uint64_t *ticket)
+{
+    uint32_t      t = 0;
+    xccl_status_t st;
+
+    if (!gates_ready) return XCCL_ERROR(XCCL_ERR_INVALID_USAGE, "cuda: no device chosen");
+    st = xccl_gates_new(&gates, &t);
+    if (st == XCCL_OK) *ticket = t;
+    return st;
+}
+
+static void cu_gate_open(uint64_t ticket)
+{
+    if (gates_ready) xccl_gates_open(&gates, (uint32_t)ticket);
+}
+
+static xccl_status_t cu_gate_wait(uint64_t ticket, void *stream)
+{
+    uint32_t    t = (uint32_t)ticket;
+    CUdeviceptr w;
+    CUresult    rc;
+
+    if (!gates_ready) return XCCL_ERROR(XCCL_ERR_INVALID_USAGE, "cuda: no device chosen");
+    if (xccl_gates_is_open(&gates, t)) return XCCL_OK; /* nothing to wait for */
+    XCCL_CHECK(xccl_cuda_enter());
+    w  = gate_dev + (CUdeviceptr)xccl_gates_word(&gates, t) * sizeof(uint32_t);
+    rc = xccl_cu.StreamWaitValue32((CUstream)stream, w, t, CU_STREAM_WAIT_VALUE_GEQ);
+    if (rc == CUDA_ERROR_NOT_SUPPORTED)
+        return XCCL_ERROR(XCCL_ERR_NOT_SUPPORTED,
+                          "cuda: this device or driver cannot make a stream wait on a value "
+                          "(cuStreamWaitValue32): wait for the Work on the CPU instead of "
+                          "ordering a stream after it");
+    return rc == CUDA_SUCCESS ? XCCL_OK : xccl_cuda_fail(rc, "cuStreamWaitValue32");
+}
+
+static xccl_status_t cu_host_register(void *p, size_t nbytes)
+{
+    CUresult rc;
+
+    if (p == NULL || nbytes == 0)
+        return XCCL_ERROR(XCCL_ERR_INVALID_ARG, "cuda: registering an empty host range");
+    XCCL_CHECK(xccl_cuda_enter());
+    rc = xccl_cu.MemHostRegister(p, nbytes, CU_MEMHOSTREGISTER_PORTABLE);
+    if (rc == CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED) return XCCL_OK;
+    return rc == CUDA_SUCCESS ? XCCL_OK : xccl_cuda_fail(rc, "cuMemHostRegister");
+}
+
+static void cu_host_unregister(void *p)
+{
+    CUresult rc;
+
+    if (p == NULL || xccl_cuda_enter() != XCCL_OK) return;
+    rc = xccl_cu.MemHostUnregister(p);
+    if (rc != CUDA_SUCCESS && rc != CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED) {
+        xccl_cuda_fail(rc, "cuMemHostUnregister");
+        XCCL_WARN("%s", xccl_last_error());
+    }
+}
+
+const xccl_exec_ops_t xccl_exec_cuda = {
+    .name            = "cuda",
+    .mem             = XCCL_MEM_CUDA,
+    .copy            = cu_copy,
+    .reduce          = cu_reduce,
+    .scale           = cu_scale,
+    .divide          = cu_divide,
+    .test            = cu_test,
+    .alloc           = cu_alloc,
+    .free            = cu_free,
+    .order_after     = cu_order_after,
+    .gate_new        = cu_gate_new,
+    .gate_open       = cu_gate_open,
+    .gate_wait       = cu_gate_wait,
+    .host_register   = cu_host_register,
+    .host_unregister = cu_host_unregister,
+};
+
+/* ---------------------------------------------------------------------------------------------
+ * Multi-source reduction for GPU algorithms
+ * ------------------------------------------------------------------------------------------- */
+
+xccl_status_t xccl_cuda_reduce_n(void *dst, const void *const *srcs, int k, size_t count,
+                                 xccl_dtype_t dtype, xccl_op_t op, CUstream stream)
+{
+    struct {
+        const void *p[XCCL_CUDA_REDUCE_N_MAX];
+    } s;
+    const void *ptrs[XCCL_CUDA_REDUCE_N_MAX + 1];
+    CUfunction  f;
+    size_t      n = count;
+    CUresult    rc;
+
+    XCCL_CHECK(check_base("reduce_n", dtype, op));
+    if (k < 1 || k > XCCL_CUDA_REDUCE_N_MAX || srcs == NULL)
+        return XCCL_ERROR(XCCL_ERR_INVALID_ARG, "cuda reduce_n: %d sources (need 1..%d)", k,
+                          XCCL_CUDA_REDUCE_N_MAX);
+    if (count == 0) return XCCL_OK;
+    ptrs[0] = dst;
+    memset(&s, 0, sizeof s);
+    for (int j = 0; j < k; j++)
+        ptrs[j + 1] = s.p[j] = srcs[j];
+    XCCL_CHECK(check_ptrs("reduce_n", ptrs, k + 1, dtype));
+    XCCL_CHECK(xccl_cuda_enter());
+    if (stream == NULL) stream = xccl_cuda_stream();
+    if (k == 1 && dtype != XCCL_BOOL) {
+        if (dst == srcs[0]) return XCCL_OK;
+        rc = xccl_cu.MemcpyAsync((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)srcs[0],
+                                 count * xccl_dtype_size(dtype), stream);
+        return rc == CUDA_SUCCESS ? XCCL_OK : xccl_cuda_fail(rc, "cuMemcpyAsync");
+    }
+    if (k == 1) { /* bool: normalised to 0/1 (s0 or s0), as xccl_reduce_n */
+        const void *s0     = srcs[0];
+        void       *args[] = {&dst, &s0, &s0, &n};
+
+        XCCL_CHECK(kernel(K_REDUCE2, XCCL_BOOL, XCCL_OP_BOR, &f));
+        return launch(f, n, 1, args, stream, "cuLaunchKernel(reduce_n)");
+    }
+    canonical(&dtype, &op, &n);
+    XCCL_CHECK(kernel(K_REDUCE_N, dtype, op, &f));
+    {
+        void *args[] = {&dst, &s, &k, &n};
+        return launch(f, n, xccl_dtype_size(dtype), args, stream, "cuLaunchKernel(reduce_n)");
+    }
+}
