@@ -176,7 +176,27 @@ def blocking_body(rank: int, ws: int) -> bool:
     xccl.all_reduce(x.tensor)
     xccl.all_reduce(x.tensor)
     xccl.all_reduce(x.tensor, async_op=True).synchronize()
-    return x.get() == [float(ws**3)] * N
+    ok = x.get() == [float(ws**3)] * N
+    # blocking broadcast and send/recv (the receive's stream waits; no CPU wait), then a
+    # waited-for asynchronous operation followed by another post
+    y = _Dev(lib, N, [float(rank)] * N)
+    xccl.broadcast(y.tensor, src=1)
+    if rank == 0:
+        xccl.send(y.tensor, 1)
+    else:
+        xccl.recv(x.tensor, 0)
+    w = xccl.all_reduce(y.tensor, async_op=True)
+    w.wait()
+    xccl.all_reduce(y.tensor, async_op=True).synchronize()
+    ok = ok and y.get() == [float(ws * ws)] * N
+    return ok and (rank == 0 or x.get() == [1.0] * N)
+
+
+def test_blocking_calls_in_a_row_on_fake_device(fake_lib):
+    # with the Python layer's guard (xccl.cuda: a new operation first waits on the CPU for the
+    # operations a stream was made to wait for)
+    assert run_spmd(blocking_body, 2, timeout=60.0, pg_timeout=20.0,
+                    env={"XCCL_CUDA_LIB": fake_lib}) == [True, True]
 
 
 @pytest.mark.xfail(
@@ -185,6 +205,6 @@ def blocking_body(rank: int, ws: int) -> bool:
     "one stream, ahead of the copies the previous operation has yet to queue there; when the "
     "caller's stream waits for that operation (a blocking call, Work.wait), neither can finish",
 )
-def test_blocking_calls_in_a_row_on_fake_device(fake_lib):
+def test_blocking_calls_in_a_row_without_the_guard(fake_lib):
     assert run_spmd(blocking_body, 2, timeout=60.0, pg_timeout=4.0,
-                    env={"XCCL_CUDA_LIB": fake_lib}) == [True, True]
+                    env={"XCCL_CUDA_LIB": fake_lib, "XCCL_CUDA_POST_GUARD": "0"}) == [True, True]

@@ -81,7 +81,7 @@ def _done_cuda(
     stream waits for the operation, as with torch's NCCL backend."""
     event = None
     if finish is not None:
-        cwork.wait_stream(cuda.handle)
+        _cuda.wait_stream(cwork, cuda.handle)
         with cuda.stream_context():
             finish()
         if async_op:
@@ -89,7 +89,7 @@ def _done_cuda(
     if async_op:
         return Work(cwork, outputs, None, cuda, event)
     if finish is None:
-        cwork.wait_stream(cuda.handle)
+        _cuda.wait_stream(cwork, cuda.handle)
     return None
 
 
@@ -296,7 +296,7 @@ def recv(
     if cu is None or peer == _C.ANY_SOURCE:
         work.wait()
     else:
-        work.wait_stream(cu.handle)
+        _cuda.wait_stream(work, cu.handle)
     if peer == _C.ANY_SOURCE:
         peer = work.source_rank()
     return get_global_rank(pg, peer)

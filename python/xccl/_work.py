@@ -116,9 +116,10 @@ class Work:
 
     def _wait_stream(self) -> None:
         """CUDA: the current stream waits for the operation (and its copy-out)."""
+        from . import cuda as _cuda
+
         cuda = self._cuda
-        current = cuda.current()
-        self._work.wait_stream(current)
+        _cuda.wait_stream(self._work, cuda.current())
         if self._event is not None:
             import torch
 

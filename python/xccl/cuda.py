@@ -25,7 +25,9 @@ operation before the call returns (no CPU block), as with torch's NCCL backend.
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
 from contextlib import nullcontext
 from typing import Any, Optional
 
@@ -276,7 +278,45 @@ def resolve(op: str, tensors: list[tuple[str, Any]], stream: Any = None) -> Opti
             # temporaries xccl makes on `stream` itself need the same order.
             torch = sys.modules["torch"]
             _torch_stream(torch, index, handle).wait_stream(torch.cuda.current_stream(index))
+    _before_post()
     return CudaCall(framework, index, handle)
+
+
+# Operations some stream was made to wait for (Work.wait, blocking calls) and not yet seen
+# complete. The core orders a new operation after the caller's stream by making xccl's one
+# stream wait for it; if that stream waits for an operation that has yet to queue work on
+# xccl's stream, neither can finish. Until the core orders operations without that cycle, a
+# new CUDA operation first waits on the CPU for those operations (XCCL_CUDA_POST_GUARD=0:
+# off): a call may then block until the previous waited-for operation has finished.
+_guard = os.environ.get("XCCL_CUDA_POST_GUARD", "1") != "0"
+_waited: list[Any] = []
+_waited_lock = threading.Lock()
+
+
+def wait_stream(cwork: Any, stream: int) -> None:
+    """CUstream `stream` waits for C Work `cwork` on the GPU (raises its error if it already
+    failed); remembered for the guard above."""
+    cwork.wait_stream(stream)
+    if _guard:
+        with _waited_lock:
+            _waited.append(cwork)
+
+
+def _before_post() -> None:
+    """The guard: waits on the CPU for the operations a stream waits for (their errors are
+    theirs to report: Work.wait / synchronize, or the next operation of a broken group)."""
+    if not _waited:
+        return
+    with _waited_lock:
+        pending = list(_waited)
+        _waited.clear()
+    for cwork in pending:
+        if cwork.is_completed():
+            continue
+        try:
+            cwork.wait()
+        except Exception:
+            pass
 
 
 def handle(call: Optional[CudaCall]) -> Optional[int]:
