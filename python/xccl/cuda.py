@@ -20,7 +20,18 @@ the legacy default stream for other DLPack producers). The call returns once the
 queued, without blocking the CPU. ``Work.wait()`` makes the current stream (at the time of the
 call) wait for the operation on the GPU; ``Work.synchronize()`` blocks the CPU until it is done;
 ``Work.is_completed()`` polls. With ``async_op=False`` the call's stream waits for the
-operation before the call returns (no CPU block), as with torch's NCCL backend.
+operation before the call returns (no CPU block), as with torch's NCCL backend. ``stream=`` on
+host tensors is an error. The copy into list outputs (all_gather, gather, all_to_all) is
+queued on the call's stream right after the operation. An operation that fails after its
+call returned reports its error through its Work (``wait``, ``synchronize``, ``exception``);
+a blocking call's failure shows at the next operation of the group (its peers are gone or it
+was aborted). Streams waiting for a failed operation are released (never left hanging).
+
+For now a new operation on CUDA tensors first waits on the CPU for the operations a stream
+was made to wait for (``Work.wait()``, blocking calls) that have not finished: the core orders
+an operation after the caller's stream on xccl's single stream, which would otherwise deadlock
+when the caller's stream waits for an operation still queueing work there.
+``XCCL_CUDA_POST_GUARD=0`` turns this off.
 """
 
 from __future__ import annotations
