@@ -148,8 +148,10 @@ class Producer:
         flags: int = 0,
         version: tuple[int, int] = (1, 1),
         capsule_name: Optional[bytes] = None,
+        data: Optional[int] = None,
     ) -> None:
         self.buf = (ctypes.c_char * max(nbytes, 1))()
+        self.data = data  # exported instead of the own buffer's address (memory it does not own)
         self.shape = tuple(shape)
         self.dtype = dtype
         self.strides = None if strides is None else tuple(strides)
@@ -222,7 +224,7 @@ class Producer:
             m = DLManagedTensor()
             name = LEGACY_NAME
         t = m.dl_tensor
-        t.data = ctypes.addressof(self.buf)
+        t.data = ctypes.addressof(self.buf) if self.data is None else self.data
         t.device.device_type, t.device.device_id = self.device
         t.ndim = ndim
         t.dtype.code, t.dtype.bits, t.dtype.lanes = self.dtype

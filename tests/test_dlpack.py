@@ -331,13 +331,18 @@ def test_devices_reported():
 
 
 def test_non_cpu_device_rejected(comm):
+    # a CUDA buffer in a host operation (no stream=): refused, named, before anything moves
     p = Producer(16, (4,), device=(kDLCUDA, 0))
-    with pytest.raises(
-        NotImplementedError, match="device cuda:0 is not supported by this transport yet"
-    ) as ei:
+    with pytest.raises(ValueError, match="cuda:0 memory in an operation on host memory") as ei:
         comm.allreduce(p, p, SUM)
-    assert ei.value.status_name == "XCCL_ERR_NOT_SUPPORTED"
+    assert ei.value.status_name == "XCCL_ERR_INVALID_ARG"
     assert p.deleted == p.exported == 1
+    # a device xccl does not move at all
+    q = Producer(16, (4,), device=(10, 0))
+    with pytest.raises(NotImplementedError, match="device rocm:0 is not supported") as ei:
+        comm.allreduce(q, q, SUM)
+    assert ei.value.status_name == "XCCL_ERR_NOT_SUPPORTED"
+    assert q.deleted == q.exported == 1
 
 
 def test_cuda_host_memory_accepted(comm):

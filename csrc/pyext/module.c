@@ -243,6 +243,14 @@ static PyMethodDef mod_methods[] = {
     {"set_fast_default", (PyCFunction)(void (*)(void))xccl_py_set_fast_default, METH_FASTCALL,
      "set_fast_default(comm, timeout): the default group's Comm and timeout argument that the "
      "fronts (Front) call; comm None: none (the fronts then call their Python function)."},
+    {"cuda_info", xccl_py_cuda_info, METH_NOARGS,
+     "cuda_info() -> dict: built, loaded, why, archs, header_version, driver_version, "
+     "ndevices, device, device_name, compute_capability (loads the driver on first use)."},
+    {"cuda_set_device", xccl_py_cuda_set_device, METH_VARARGS,
+     "cuda_set_device(i, prefix='cuda.set_device'): the GPU of this process (once; another "
+     "index later raises ValueError); `prefix` starts the messages."},
+    {"cuda_device", xccl_py_cuda_device_fn, METH_NOARGS,
+     "cuda_device() -> int: the GPU of this process, -1 while none is chosen."},
     {"_atexit", mod_atexit, METH_NOARGS, "Internal: marks the interpreter as shutting down."},
     {NULL, NULL, 0, NULL},
 };

@@ -334,6 +334,8 @@ typedef struct call {
     xccl_py_work_t   *work;
     xccl_coll_opts_t  opts;
     xccl_py_tensor_t  bufs[XCCL_PY_WORK_MAX_BUFS];
+    int                cuda;   /* an operation on CUDA memory (stream= was given)         */
+    unsigned long long stream; /* its CUstream handle (0 and 1: the legacy default stream) */
 } call_t;
 
 /* A call without a Work object (the one-call methods). */
@@ -348,14 +350,45 @@ static int call_begin_now(call_t *c, xccl_py_comm_t *self, const char *opname,
     return (c->comm = alive(self, opname)) == NULL ? -1 : 0;
 }
 
+/* stream=: None for an operation on host memory, else the CUstream (an int >= 0; 0 and 1 are
+ * the legacy default stream) that an operation on CUDA memory is ordered after. */
+static int parse_stream(call_t *c, PyObject *stream_obj)
+{
+    unsigned long long v;
+
+    if (stream_obj == NULL || stream_obj == Py_None) return 0;
+    if (PyBool_Check(stream_obj) || !PyLong_Check(stream_obj)) {
+        PyErr_Format(PyExc_TypeError,
+                     "%s: stream must be None or a CUstream handle (int), got %.200s", c->opname,
+                     Py_TYPE(stream_obj)->tp_name);
+        return -1;
+    }
+    v = PyLong_AsUnsignedLongLong(stream_obj);
+    if (v == (unsigned long long)-1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        xccl_py_raise_fmt(c->state, XCCL_ERR_INVALID_ARG,
+                          "%s: stream %R is not a CUstream handle (an int in [0, 2**64))",
+                          c->opname, stream_obj);
+        return -1;
+    }
+    c->cuda        = 1;
+    c->stream      = v;
+    c->opts.mem    = XCCL_MEM_CUDA;
+    c->opts.stream = v <= 1 ? NULL : (void *)(uintptr_t)v; /* NULL: the legacy default stream */
+    return 0;
+}
+
 static int call_begin(call_t *c, xccl_py_comm_t *self, const char *opname, const char *algo,
-                      double premul, PyObject *timeout_obj)
+                      double premul, PyObject *timeout_obj, PyObject *stream_obj)
 {
     if (call_begin_now(c, self, opname, timeout_obj) < 0) return -1;
     c->opts.algo          = algo;
     c->opts.premul_factor = premul;
-    c->work               = xccl_py_work_new(c->state);
-    return c->work == NULL ? -1 : 0;
+    if (parse_stream(c, stream_obj) < 0) return -1;
+    c->work = xccl_py_work_new(c->state);
+    if (c->work == NULL) return -1;
+    c->work->cuda = c->cuda;
+    return 0;
 }
 
 /* Acquires buffer `obj` into slot `i` of the Work (or of the call); `what` is the argument
@@ -364,9 +397,13 @@ static xccl_py_tensor_t *take(call_t *c, int i, PyObject *obj, int flags, const 
 {
     xccl_py_what_t    label = {c->opname, what};
     xccl_py_tensor_t *slot  = c->work != NULL ? &c->work->bufs[i] : &c->bufs[i];
+    int               rc;
 
-    if (xccl_py_tensor_acquire(c->state, obj, flags, &label, slot) < 0) return NULL;
-    return slot;
+    if (c->cuda)
+        rc = xccl_py_tensor_acquire_cuda(c->state, obj, flags, &label, c->stream, slot);
+    else
+        rc = xccl_py_tensor_acquire(c->state, obj, flags, &label, slot);
+    return rc < 0 ? NULL : slot;
 }
 
 /* Called right before posting: taking the buffers ran Python code (__dlpack__), during which
@@ -501,10 +538,20 @@ static int take_pair(call_t *c, PyObject *send_obj, PyObject *recv_obj, xccl_py_
     return 0;
 }
 
+/* The options of a point-to-point post: NULL (host memory) or the CUDA ones in *o. */
+static const xccl_p2p_opts_t *p2p_opts(const call_t *c, xccl_p2p_opts_t *o)
+{
+    if (!c->cuda) return NULL;
+    memset(o, 0, sizeof(*o));
+    o->mem    = c->opts.mem;
+    o->stream = c->opts.stream;
+    return o;
+}
+
 static PyObject *comm_isend(xccl_py_comm_t *self, PyObject *args, PyObject *kwds)
 {
-    static char      *kwlist[] = {"buf", "peer", "tag", NULL};
-    PyObject         *buf;
+    static char      *kwlist[] = {"buf", "peer", "tag", "stream", NULL};
+    PyObject         *buf, *stream = Py_None;
     int               peer;
     long long         tag = 0;
     call_t            c;
@@ -512,10 +559,11 @@ static PyObject *comm_isend(xccl_py_comm_t *self, PyObject *args, PyObject *kwds
     xccl_work_t      *w = NULL;
     xccl_status_t     st;
     PyThreadState    *ts;
+    xccl_p2p_opts_t   popts;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "Oi|L:isend", kwlist, &buf, &peer, &tag))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "Oi|LO:isend", kwlist, &buf, &peer, &tag, &stream))
         return NULL;
-    if (call_begin(&c, self, "send", NULL, 1.0, NULL) < 0) return NULL;
+    if (call_begin(&c, self, "send", NULL, 1.0, NULL, stream) < 0) return NULL;
     if (check_rank(self, "send", "peer", peer) < 0) return call_fail(&c);
     if (tag < 0 || tag > MAX_TAG) {
         xccl_py_raise_fmt(c.state, XCCL_ERR_INVALID_ARG, "send: tag %lld is not in [0, 2**31)",
@@ -525,16 +573,16 @@ static PyObject *comm_isend(xccl_py_comm_t *self, PyObject *args, PyObject *kwds
     if ((t = take(&c, 0, buf, 0, "buf")) == NULL) return call_fail(&c);
     if (ready(&c, self) < 0) return call_fail(&c);
     ts = nogil_begin(self, t, NULL);
-    st = xccl_isend(c.comm, t->data, t->count * xccl_dtype_size(t->dtype), peer, (uint32_t)tag,
-                    &w);
+    st = xccl_isend_opts(c.comm, t->data, t->count * xccl_dtype_size(t->dtype), peer,
+                         (uint32_t)tag, p2p_opts(&c, &popts), &w);
     nogil_end(self, ts);
     return call_end(&c, st, w);
 }
 
 static PyObject *comm_irecv(xccl_py_comm_t *self, PyObject *args, PyObject *kwds)
 {
-    static char      *kwlist[] = {"buf", "peer", "tag", NULL};
-    PyObject         *buf;
+    static char      *kwlist[] = {"buf", "peer", "tag", "stream", NULL};
+    PyObject         *buf, *stream = Py_None;
     int               peer = XCCL_ANY_SOURCE;
     long long         tag  = 0;
     call_t            c;
@@ -542,10 +590,11 @@ static PyObject *comm_irecv(xccl_py_comm_t *self, PyObject *args, PyObject *kwds
     xccl_work_t      *w = NULL;
     xccl_status_t     st;
     PyThreadState    *ts;
+    xccl_p2p_opts_t   popts;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|iL:irecv", kwlist, &buf, &peer, &tag))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|iLO:irecv", kwlist, &buf, &peer, &tag, &stream))
         return NULL;
-    if (call_begin(&c, self, "recv", NULL, 1.0, NULL) < 0) return NULL;
+    if (call_begin(&c, self, "recv", NULL, 1.0, NULL, stream) < 0) return NULL;
     if (peer != XCCL_ANY_SOURCE && check_rank(self, "recv", "peer", peer) < 0)
         return call_fail(&c);
     if (tag < 0 || tag > MAX_TAG) {
@@ -556,8 +605,8 @@ static PyObject *comm_irecv(xccl_py_comm_t *self, PyObject *args, PyObject *kwds
     if ((t = take(&c, 0, buf, XCCL_PY_BUF_OUTPUT, "buf")) == NULL) return call_fail(&c);
     if (ready(&c, self) < 0) return call_fail(&c);
     ts = nogil_begin(self, t, NULL);
-    st = xccl_irecv(c.comm, t->data, t->count * xccl_dtype_size(t->dtype), peer, (uint32_t)tag,
-                    &w);
+    st = xccl_irecv_opts(c.comm, t->data, t->count * xccl_dtype_size(t->dtype), peer,
+                         (uint32_t)tag, p2p_opts(&c, &popts), &w);
     nogil_end(self, ts);
     return call_end(&c, st, w);
 }
@@ -565,8 +614,8 @@ static PyObject *comm_irecv(xccl_py_comm_t *self, PyObject *args, PyObject *kwds
 static PyObject *comm_allreduce(xccl_py_comm_t *self, PyObject *args, PyObject *kwds)
 {
     static char      *kwlist[] = {"sendbuf", "recvbuf", "op",      "premul",
-                                  "algo",    "timeout", NULL};
-    PyObject         *sobj, *robj, *timeout = Py_None;
+                                  "algo",    "timeout", "stream", NULL};
+    PyObject         *sobj, *robj, *timeout = Py_None, *stream = Py_None;
     int               op;
     double            premul = 1.0;
     const char       *algo   = NULL;
@@ -576,11 +625,11 @@ static PyObject *comm_allreduce(xccl_py_comm_t *self, PyObject *args, PyObject *
     xccl_status_t     st;
     PyThreadState    *ts;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOi|dzO:allreduce", kwlist, &sobj, &robj, &op,
-                                     &premul, &algo, &timeout)) {
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOi|dzOO:allreduce", kwlist, &sobj, &robj, &op,
+                                     &premul, &algo, &timeout, &stream)) {
         return NULL;
     }
-    if (call_begin(&c, self, "all_reduce", algo, premul, timeout) < 0) return NULL;
+    if (call_begin(&c, self, "all_reduce", algo, premul, timeout, stream) < 0) return NULL;
     if (take_pair(&c, sobj, robj, &s, &r) < 0 || same_dtype(&c, s, r) < 0 ||
         counts_match(&c, s->count, r->count, 1, 1, "the same count") < 0 ||
         no_partial_overlap(&c, s, r) < 0 || check_op(&c, op, s->dtype) < 0) {
@@ -820,8 +869,8 @@ static PyObject *comm_recv_now(xccl_py_comm_t *self, PyObject *const *args, Py_s
 
 static PyObject *comm_broadcast(xccl_py_comm_t *self, PyObject *args, PyObject *kwds)
 {
-    static char      *kwlist[] = {"buf", "root", "algo", "timeout", NULL};
-    PyObject         *buf, *timeout = Py_None;
+    static char      *kwlist[] = {"buf", "root", "algo", "timeout", "stream", NULL};
+    PyObject         *buf, *timeout = Py_None, *stream = Py_None;
     int               root;
     const char       *algo = NULL;
     call_t            c;
@@ -830,11 +879,11 @@ static PyObject *comm_broadcast(xccl_py_comm_t *self, PyObject *args, PyObject *
     xccl_status_t     st;
     PyThreadState    *ts;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "Oi|zO:broadcast", kwlist, &buf, &root, &algo,
-                                     &timeout)) {
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "Oi|zOO:broadcast", kwlist, &buf, &root, &algo,
+                                     &timeout, &stream)) {
         return NULL;
     }
-    if (call_begin(&c, self, "broadcast", algo, 1.0, timeout) < 0) return NULL;
+    if (call_begin(&c, self, "broadcast", algo, 1.0, timeout, stream) < 0) return NULL;
     if (check_rank(self, "broadcast", "root", root) < 0) return call_fail(&c);
     /* The root only reads its buffer. */
     t = take(&c, 0, buf, root == self->rank ? 0 : XCCL_PY_BUF_OUTPUT, "buf");
@@ -849,8 +898,8 @@ static PyObject *comm_broadcast(xccl_py_comm_t *self, PyObject *args, PyObject *
 static PyObject *comm_reduce(xccl_py_comm_t *self, PyObject *args, PyObject *kwds)
 {
     static char      *kwlist[] = {"sendbuf", "recvbuf", "op",      "root",
-                                  "premul",  "algo",    "timeout", NULL};
-    PyObject         *sobj, *robj, *timeout = Py_None;
+                                  "premul",  "algo",    "timeout", "stream", NULL};
+    PyObject         *sobj, *robj, *timeout = Py_None, *stream = Py_None;
     int               op, root;
     double            premul = 1.0;
     const char       *algo   = NULL;
@@ -860,11 +909,11 @@ static PyObject *comm_reduce(xccl_py_comm_t *self, PyObject *args, PyObject *kwd
     xccl_status_t     st;
     PyThreadState    *ts;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOii|dzO:reduce", kwlist, &sobj, &robj, &op,
-                                     &root, &premul, &algo, &timeout)) {
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOii|dzOO:reduce", kwlist, &sobj, &robj, &op,
+                                     &root, &premul, &algo, &timeout, &stream)) {
         return NULL;
     }
-    if (call_begin(&c, self, "reduce", algo, premul, timeout) < 0) return NULL;
+    if (call_begin(&c, self, "reduce", algo, premul, timeout, stream) < 0) return NULL;
     if (check_rank(self, "reduce", "root", root) < 0) return call_fail(&c);
     if (root == self->rank) {
         if (robj == Py_None) {
@@ -891,8 +940,8 @@ static PyObject *comm_reduce(xccl_py_comm_t *self, PyObject *args, PyObject *kwd
 
 static PyObject *comm_allgather(xccl_py_comm_t *self, PyObject *args, PyObject *kwds)
 {
-    static char      *kwlist[] = {"sendbuf", "recvbuf", "algo", "timeout", NULL};
-    PyObject         *sobj, *robj, *timeout = Py_None;
+    static char      *kwlist[] = {"sendbuf", "recvbuf", "algo", "timeout", "stream", NULL};
+    PyObject         *sobj, *robj, *timeout = Py_None, *stream = Py_None;
     const char       *algo = NULL;
     call_t            c;
     xccl_py_tensor_t *s, *r;
@@ -900,11 +949,11 @@ static PyObject *comm_allgather(xccl_py_comm_t *self, PyObject *args, PyObject *
     xccl_status_t     st;
     PyThreadState    *ts;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|zO:allgather", kwlist, &sobj, &robj, &algo,
-                                     &timeout)) {
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|zOO:allgather", kwlist, &sobj, &robj, &algo,
+                                     &timeout, &stream)) {
         return NULL;
     }
-    if (call_begin(&c, self, "all_gather", algo, 1.0, timeout) < 0) return NULL;
+    if (call_begin(&c, self, "all_gather", algo, 1.0, timeout, stream) < 0) return NULL;
     if (take_pair(&c, sobj, robj, &s, &r) < 0 ||
         pair_checks(&c, PAIR_ALLGATHER, self->size, s, r, 0) < 0)
         return call_fail(&c);
@@ -917,8 +966,8 @@ static PyObject *comm_allgather(xccl_py_comm_t *self, PyObject *args, PyObject *
 
 static PyObject *comm_gather(xccl_py_comm_t *self, PyObject *args, PyObject *kwds)
 {
-    static char      *kwlist[] = {"sendbuf", "recvbuf", "root", "algo", "timeout", NULL};
-    PyObject         *sobj, *robj, *timeout = Py_None;
+    static char      *kwlist[] = {"sendbuf", "recvbuf", "root", "algo", "timeout", "stream", NULL};
+    PyObject         *sobj, *robj, *timeout = Py_None, *stream = Py_None;
     int               root;
     const char       *algo = NULL;
     call_t            c;
@@ -927,11 +976,11 @@ static PyObject *comm_gather(xccl_py_comm_t *self, PyObject *args, PyObject *kwd
     xccl_status_t     st;
     PyThreadState    *ts;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOi|zO:gather", kwlist, &sobj, &robj, &root,
-                                     &algo, &timeout)) {
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOi|zOO:gather", kwlist, &sobj, &robj, &root,
+                                     &algo, &timeout, &stream)) {
         return NULL;
     }
-    if (call_begin(&c, self, "gather", algo, 1.0, timeout) < 0) return NULL;
+    if (call_begin(&c, self, "gather", algo, 1.0, timeout, stream) < 0) return NULL;
     if (check_rank(self, "gather", "root", root) < 0) return call_fail(&c);
     if (root == self->rank) {
         if (robj == Py_None) {
@@ -955,8 +1004,8 @@ static PyObject *comm_gather(xccl_py_comm_t *self, PyObject *args, PyObject *kwd
 
 static PyObject *comm_scatter(xccl_py_comm_t *self, PyObject *args, PyObject *kwds)
 {
-    static char      *kwlist[] = {"sendbuf", "recvbuf", "root", "algo", "timeout", NULL};
-    PyObject         *sobj, *robj, *timeout = Py_None;
+    static char      *kwlist[] = {"sendbuf", "recvbuf", "root", "algo", "timeout", "stream", NULL};
+    PyObject         *sobj, *robj, *timeout = Py_None, *stream = Py_None;
     int               root;
     const char       *algo = NULL;
     call_t            c;
@@ -965,11 +1014,11 @@ static PyObject *comm_scatter(xccl_py_comm_t *self, PyObject *args, PyObject *kw
     xccl_status_t     st;
     PyThreadState    *ts;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOi|zO:scatter", kwlist, &sobj, &robj, &root,
-                                     &algo, &timeout)) {
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOi|zOO:scatter", kwlist, &sobj, &robj, &root,
+                                     &algo, &timeout, &stream)) {
         return NULL;
     }
-    if (call_begin(&c, self, "scatter", algo, 1.0, timeout) < 0) return NULL;
+    if (call_begin(&c, self, "scatter", algo, 1.0, timeout, stream) < 0) return NULL;
     if (check_rank(self, "scatter", "root", root) < 0) return call_fail(&c);
     if (root == self->rank) {
         if (sobj == Py_None) {
@@ -994,8 +1043,9 @@ static PyObject *comm_scatter(xccl_py_comm_t *self, PyObject *args, PyObject *kw
 
 static PyObject *comm_reduce_scatter(xccl_py_comm_t *self, PyObject *args, PyObject *kwds)
 {
-    static char      *kwlist[] = {"sendbuf", "recvbuf", "op", "premul", "algo", "timeout", NULL};
-    PyObject         *sobj, *robj, *timeout = Py_None;
+    static char      *kwlist[] = {"sendbuf", "recvbuf", "op",     "premul",
+                                  "algo",    "timeout", "stream", NULL};
+    PyObject         *sobj, *robj, *timeout = Py_None, *stream = Py_None;
     int               op;
     double            premul = 1.0;
     const char       *algo   = NULL;
@@ -1005,11 +1055,11 @@ static PyObject *comm_reduce_scatter(xccl_py_comm_t *self, PyObject *args, PyObj
     xccl_status_t     st;
     PyThreadState    *ts;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOi|dzO:reduce_scatter", kwlist, &sobj, &robj,
-                                     &op, &premul, &algo, &timeout)) {
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOi|dzOO:reduce_scatter", kwlist, &sobj, &robj,
+                                     &op, &premul, &algo, &timeout, &stream)) {
         return NULL;
     }
-    if (call_begin(&c, self, "reduce_scatter", algo, premul, timeout) < 0) return NULL;
+    if (call_begin(&c, self, "reduce_scatter", algo, premul, timeout, stream) < 0) return NULL;
     if (take_pair(&c, sobj, robj, &s, &r) < 0 ||
         pair_checks(&c, PAIR_REDUCE_SCATTER, self->size, s, r, op) < 0)
         return call_fail(&c);
@@ -1023,8 +1073,8 @@ static PyObject *comm_reduce_scatter(xccl_py_comm_t *self, PyObject *args, PyObj
 
 static PyObject *comm_alltoall(xccl_py_comm_t *self, PyObject *args, PyObject *kwds)
 {
-    static char      *kwlist[] = {"sendbuf", "recvbuf", "algo", "timeout", NULL};
-    PyObject         *sobj, *robj, *timeout = Py_None;
+    static char      *kwlist[] = {"sendbuf", "recvbuf", "algo", "timeout", "stream", NULL};
+    PyObject         *sobj, *robj, *timeout = Py_None, *stream = Py_None;
     const char       *algo = NULL;
     call_t            c;
     xccl_py_tensor_t *s, *r;
@@ -1032,11 +1082,11 @@ static PyObject *comm_alltoall(xccl_py_comm_t *self, PyObject *args, PyObject *k
     xccl_status_t     st;
     PyThreadState    *ts;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|zO:alltoall", kwlist, &sobj, &robj, &algo,
-                                     &timeout)) {
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|zOO:alltoall", kwlist, &sobj, &robj, &algo,
+                                     &timeout, &stream)) {
         return NULL;
     }
-    if (call_begin(&c, self, "all_to_all", algo, 1.0, timeout) < 0) return NULL;
+    if (call_begin(&c, self, "all_to_all", algo, 1.0, timeout, stream) < 0) return NULL;
     if (take_pair(&c, sobj, robj, &s, &r) < 0 ||
         pair_checks(&c, PAIR_ALLTOALL, self->size, s, r, 0) < 0)
         return call_fail(&c);
@@ -1096,8 +1146,9 @@ static int blocks_inside(call_t *c, const char *buf, const size_t *counts, const
 static PyObject *comm_alltoallv(xccl_py_comm_t *self, PyObject *args, PyObject *kwds)
 {
     static char      *kwlist[] = {"sendbuf", "scounts", "sdispls", "recvbuf", "rcounts",
-                                  "rdispls", "algo",    "timeout", NULL};
-    PyObject         *sobj, *robj, *sc, *sd, *rc, *rd, *timeout = Py_None;
+                                  "rdispls", "algo",    "timeout", "stream", NULL};
+    PyObject         *sobj, *robj, *sc, *sd, *rc, *rd;
+    PyObject         *timeout = Py_None, *stream = Py_None;
     const char       *algo = NULL;
     call_t            c;
     xccl_py_tensor_t *s, *r;
@@ -1107,11 +1158,11 @@ static PyObject *comm_alltoallv(xccl_py_comm_t *self, PyObject *args, PyObject *
     xccl_status_t     st;
     PyThreadState    *ts;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOO|zO:alltoallv", kwlist, &sobj, &sc, &sd,
-                                     &robj, &rc, &rd, &algo, &timeout)) {
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOO|zOO:alltoallv", kwlist, &sobj, &sc, &sd,
+                                     &robj, &rc, &rd, &algo, &timeout, &stream)) {
         return NULL;
     }
-    if (call_begin(&c, self, "all_to_allv", algo, 1.0, timeout) < 0) return NULL;
+    if (call_begin(&c, self, "all_to_allv", algo, 1.0, timeout, stream) < 0) return NULL;
     /* The vectors live in the Work until completion, in case the engine reads them late. */
     v = c.work->vcounts = PyMem_RawCalloc(4 * n, sizeof(size_t));
     if (v == NULL) {
@@ -1146,7 +1197,7 @@ static PyObject *comm_barrier(xccl_py_comm_t *self, PyObject *args, PyObject *kw
 
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "|zO:barrier", kwlist, &algo, &timeout))
         return NULL;
-    if (call_begin(&c, self, "barrier", algo, 1.0, timeout) < 0) return NULL;
+    if (call_begin(&c, self, "barrier", algo, 1.0, timeout, NULL) < 0) return NULL;
     if (ready(&c, self) < 0) return call_fail(&c);
     st = xccl_barrier(c.comm, &c.opts, &w);
     return call_end(&c, st, w);
@@ -1170,10 +1221,13 @@ static PyMethodDef comm_methods[] = {
      "destroy(): idempotent; pending operations fail, later operations raise XcclError."},
     {"abort", (PyCFunction)comm_abort, METH_NOARGS,
      "abort(): pending operations fail with XCCL_ERR_ABORTED, later ones fail at once."},
-    {"isend", KW(comm_isend), "isend(buf, peer, tag=0) -> Work"},
-    {"irecv", KW(comm_irecv), "irecv(buf, peer=ANY_SOURCE, tag=0) -> Work"},
+    {"isend", KW(comm_isend), "isend(buf, peer, tag=0, stream=None) -> Work"},
+    {"irecv", KW(comm_irecv), "irecv(buf, peer=ANY_SOURCE, tag=0, stream=None) -> Work"},
     {"allreduce", KW(comm_allreduce),
-     "allreduce(sendbuf, recvbuf, op, premul=1.0, algo=None, timeout=None) -> Work"},
+     "allreduce(sendbuf, recvbuf, op, premul=1.0, algo=None, timeout=None, stream=None) -> "
+     "Work\n\nstream (every operation but barrier): None for host buffers; for CUDA buffers "
+     "the CUstream handle (int; 0 is the legacy default stream) the operation is ordered "
+     "after."},
     {"allreduce_now", NOW(comm_allreduce_now),
      "allreduce_now(buf, op, timeout) -> True | None: in-place all_reduce, posted and waited "
      "for; None (nothing done) where the general path must handle the call"},
@@ -1191,25 +1245,32 @@ static PyMethodDef comm_methods[] = {
     {"send_now", NOW(comm_send_now), "send_now(buf, peer, tag) -> True | None: blocking send"},
     {"recv_now", NOW(comm_recv_now),
      "recv_now(buf, peer, tag) -> source rank | None: blocking receive from `peer`"},
-    {"broadcast", KW(comm_broadcast), "broadcast(buf, root, algo=None, timeout=None) -> Work"},
+    {"broadcast", KW(comm_broadcast),
+     "broadcast(buf, root, algo=None, timeout=None, stream=None) -> Work"},
     {"reduce", KW(comm_reduce),
-     "reduce(sendbuf, recvbuf, op, root, premul=1.0, algo=None, timeout=None) -> Work\n\n"
+     "reduce(sendbuf, recvbuf, op, root, premul=1.0, algo=None, timeout=None, stream=None) -> "
+     "Work\n\n"
      "recvbuf may be None on non-root ranks."},
     {"allgather", KW(comm_allgather),
-     "allgather(sendbuf, recvbuf, algo=None, timeout=None) -> Work; recvbuf holds size * "
+     "allgather(sendbuf, recvbuf, algo=None, timeout=None, stream=None) -> Work; recvbuf holds "
+     "size * "
      "len(sendbuf), rank-major."},
     {"gather", KW(comm_gather),
-     "gather(sendbuf, recvbuf, root, algo=None, timeout=None) -> Work; recvbuf may be None "
+     "gather(sendbuf, recvbuf, root, algo=None, timeout=None, stream=None) -> Work; recvbuf "
+     "may be None "
      "off the root."},
     {"scatter", KW(comm_scatter),
-     "scatter(sendbuf, recvbuf, root, algo=None, timeout=None) -> Work; sendbuf may be None "
+     "scatter(sendbuf, recvbuf, root, algo=None, timeout=None, stream=None) -> Work; sendbuf "
+     "may be None "
      "off the root."},
     {"reduce_scatter", KW(comm_reduce_scatter),
-     "reduce_scatter(sendbuf, recvbuf, op, premul=1.0, algo=None, timeout=None) -> Work"},
-    {"alltoall", KW(comm_alltoall), "alltoall(sendbuf, recvbuf, algo=None, timeout=None) -> Work"},
+     "reduce_scatter(sendbuf, recvbuf, op, premul=1.0, algo=None, timeout=None, stream=None) "
+     "-> Work"},
+    {"alltoall", KW(comm_alltoall),
+     "alltoall(sendbuf, recvbuf, algo=None, timeout=None, stream=None) -> Work"},
     {"alltoallv", KW(comm_alltoallv),
-     "alltoallv(sendbuf, scounts, sdispls, recvbuf, rcounts, rdispls, algo=None, timeout=None) "
-     "-> Work (counts and displacements in elements)"},
+     "alltoallv(sendbuf, scounts, sdispls, recvbuf, rcounts, rdispls, algo=None, timeout=None, "
+     "stream=None) -> Work (counts and displacements in elements)"},
     {"barrier", KW(comm_barrier), "barrier(algo=None, timeout=None) -> Work"},
     {"trace", xccl_py_comm_trace, METH_O,
      "trace(capacity): record up to `capacity` step events (oldest dropped); 0 stops."},

@@ -208,27 +208,35 @@ static int take_buffer(PyObject *obj, int flags, xccl_py_tensor_t *t)
 #define WHAT_FMT     "%s%s%s"
 #define WHAT_ARGS(w) (w)->op, (w)->arg[0] ? " " : "", (w)->arg
 
-/* Calls obj.__dlpack__, versioned first. Returns a new reference to the capsule. The method
- * name, the version tuple and the keyword-name tuple are built once (GIL held). */
-static PyObject *export_capsule(PyObject *obj, const xccl_py_what_t *what)
+/* Calls obj.__dlpack__, versioned first; with `stream` (NULL: none) also stream=stream. Returns
+ * a new reference to the capsule. The method name, the version tuple and the keyword-name
+ * tuples are built once (GIL held). */
+static PyObject *export_capsule(PyObject *obj, const xccl_py_what_t *what, PyObject *stream)
 {
-    static PyObject *name, *version, *kwnames;
-    PyObject        *slots[3] = {NULL, obj, NULL}; /* slots[0]: scratch the callee may use */
+    static PyObject *name, *version, *kwnames, *kwnames_stream, *kw_stream;
+    PyObject        *slots[4] = {NULL, obj, NULL, NULL}; /* slots[0]: scratch for the callee */
     PyObject        *cap;
 
     if (name == NULL) {
-        name    = PyUnicode_InternFromString("__dlpack__");
-        version = Py_BuildValue("(ii)", XCCL_DLPACK_MAJOR, XCCL_DLPACK_MINOR);
-        kwnames = Py_BuildValue("(s)", "max_version");
-        if (name == NULL || version == NULL || kwnames == NULL) {
+        name           = PyUnicode_InternFromString("__dlpack__");
+        version        = Py_BuildValue("(ii)", XCCL_DLPACK_MAJOR, XCCL_DLPACK_MINOR);
+        kwnames        = Py_BuildValue("(s)", "max_version");
+        kwnames_stream = Py_BuildValue("(ss)", "max_version", "stream");
+        kw_stream      = Py_BuildValue("(s)", "stream");
+        if (name == NULL || version == NULL || kwnames == NULL || kwnames_stream == NULL ||
+            kw_stream == NULL) {
             Py_CLEAR(name);
             Py_CLEAR(version);
             Py_CLEAR(kwnames);
+            Py_CLEAR(kwnames_stream);
+            Py_CLEAR(kw_stream);
             return NULL;
         }
     }
     slots[2] = version;
-    cap = PyObject_VectorcallMethod(name, slots + 1, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, kwnames);
+    slots[3] = stream;
+    cap      = PyObject_VectorcallMethod(name, slots + 1, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET,
+                                         stream != NULL ? kwnames_stream : kwnames);
     if (cap == NULL && PyErr_ExceptionMatches(PyExc_AttributeError) &&
         !PyObject_HasAttr(obj, name)) {
         PyErr_Clear();
@@ -240,7 +248,9 @@ static PyObject *export_capsule(PyObject *obj, const xccl_py_what_t *what)
     }
     if (cap == NULL && PyErr_ExceptionMatches(PyExc_TypeError)) {
         PyErr_Clear(); /* a producer predating DLPack 1.0: no max_version keyword */
-        cap = PyObject_VectorcallMethod(name, slots + 1, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        slots[2] = stream;
+        cap      = PyObject_VectorcallMethod(name, slots + 1, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET,
+                                             stream != NULL ? kw_stream : NULL);
     }
     return cap;
 }
@@ -274,8 +284,151 @@ static int take_capsule(PyObject *cap, PyObject *obj, const xccl_py_what_t *what
     return 0;
 }
 
-int xccl_py_tensor_acquire(xccl_py_state_t *state, PyObject *obj, int flags,
-                           const xccl_py_what_t *what, xccl_py_tensor_t *t)
+/* ---------------------------------------------------------------------------------------------
+ * CUDA: the process's GPU and the checks of a CUDA operation's buffers
+ * ------------------------------------------------------------------------------------------- */
+
+/* The process's GPU as last read or set here (-2: not read yet). GIL-protected. */
+static int process_device = -2;
+
+int xccl_py_cuda_device(void)
+{
+    int dev = -1;
+
+    if (process_device != -2) return process_device;
+    Py_BEGIN_ALLOW_THREADS /* the first call loads the driver */
+    {
+        xccl_cuda_info_t info;
+        xccl_cuda_info(&info);
+        dev = info.device;
+    }
+    Py_END_ALLOW_THREADS
+    if (process_device == -2) process_device = dev;
+    return process_device;
+}
+
+int xccl_py_cuda_use(xccl_py_state_t *state, int device, const char *prefix)
+{
+    int           cur = xccl_py_cuda_device();
+    xccl_status_t st;
+
+    if (cur < 0) {
+        Py_BEGIN_ALLOW_THREADS /* loads the driver and retains the primary context */
+        st = xccl_cuda_set_device(device);
+        Py_END_ALLOW_THREADS
+        if (st == XCCL_OK) {
+            process_device = device;
+            return 0;
+        }
+        if (st == XCCL_ERR_NOT_SUPPORTED) {
+            xccl_cuda_info_t info;
+            char             why[512];
+            snprintf(why, sizeof(why), "%s", xccl_last_error());
+            xccl_cuda_info(&info);
+            xccl_py_raise_fmt(state, st, "%s: cuda:%d: CUDA is not usable in this process: %s",
+                              prefix, device, info.why[0] ? info.why : why);
+            return -1;
+        }
+        if (st != XCCL_ERR_INVALID_USAGE) {
+            xccl_py_raise_fmt(state, st, "%s: cannot use cuda:%d: %s", prefix, device,
+                              xccl_last_error());
+            return -1;
+        }
+        /* another thread chose a GPU meanwhile */
+        process_device = -2;
+        cur            = xccl_py_cuda_device();
+    }
+    if (cur == device) return 0;
+    xccl_py_raise_fmt(state, XCCL_ERR_INVALID_ARG,
+                      "%s: cuda:%d, but this process uses cuda:%d (one GPU per process, chosen "
+                      "by xccl.cuda.set_device or by the first CUDA tensor it passed)",
+                      prefix, device, cur);
+    return -1;
+}
+
+/* A CUDA operation's buffer: device memory of the process's GPU (choosing it if none was),
+ * not managed, not host memory. -1 with the exception set. */
+static int cuda_buffer_check(xccl_py_state_t *state, const xccl_py_what_t *what,
+                             const xccl_py_tensor_t *t)
+{
+    char          prefix[128];
+    char          dev[64];
+    size_t        nbytes = t->count * xccl_dtype_size(t->dtype);
+    xccl_status_t st;
+
+    snprintf(prefix, sizeof(prefix), WHAT_FMT, WHAT_ARGS(what));
+    xccl_dlpack_device_str(t->device_type, t->device_id, dev, sizeof(dev));
+    switch (t->device_type) {
+    case kDLCUDA: break;
+    case kDLCUDAManaged:
+        xccl_py_raise_fmt(state, XCCL_ERR_INVALID_ARG,
+                          "%s: managed (unified) memory (%s) is not supported; use device "
+                          "memory (torch.empty(..., device='cuda'), cupy.empty)",
+                          prefix, dev);
+        return -1;
+    case kDLCPU:
+    case kDLCUDAHost:
+        xccl_py_raise_fmt(state, XCCL_ERR_INVALID_ARG,
+                          "%s: host memory (%s) in an operation on CUDA memory; the tensors of "
+                          "one call must all be CUDA tensors or all host tensors",
+                          prefix, dev);
+        return -1;
+    default:
+        xccl_py_raise_fmt(state, XCCL_ERR_NOT_SUPPORTED,
+                          "%s: device %s is not supported (xccl moves host and CUDA memory)",
+                          prefix, dev);
+        return -1;
+    }
+    if (xccl_py_cuda_use(state, t->device_id, prefix) < 0) return -1;
+    if (nbytes == 0) return 0;
+    st = xccl_cuda_check_ptr(t->data, nbytes);
+    if (st < 0) {
+        xccl_py_raise_fmt(state, st, "%s: %s", prefix, xccl_last_error());
+        return -1;
+    }
+    return 0;
+}
+
+/* A host operation was handed CUDA memory: -1 with the message. */
+static int host_call_cuda_buffer(xccl_py_state_t *state, const xccl_py_what_t *what,
+                                 const xccl_py_tensor_t *t)
+{
+    char dev[64];
+
+    xccl_dlpack_device_str(t->device_type, t->device_id, dev, sizeof(dev));
+    xccl_py_raise_fmt(state, XCCL_ERR_INVALID_ARG,
+                      WHAT_FMT ": %s memory in an operation on host memory (the tensors of one "
+                               "call must all be CUDA tensors or all host tensors; a CUDA "
+                               "operation is posted with stream=)",
+                      WHAT_ARGS(what), dev);
+    return -1;
+}
+
+/* Whether obj.__dlpack_device__() names CUDA device or managed memory; a producer without
+ * the method, or whose answer cannot be read, counts as CUDA (its tensor is checked after the
+ * export). The DLPack protocol passes stream= only for a device with streams (numpy refuses
+ * one), so a host tensor in a CUDA call is exported without it, then refused. */
+static int on_cuda_device(PyObject *obj)
+{
+    PyObject *dev = PyObject_CallMethod(obj, "__dlpack_device__", NULL);
+    long      type;
+
+    if (dev == NULL || !PyTuple_Check(dev) || PyTuple_GET_SIZE(dev) != 2) {
+        Py_XDECREF(dev);
+        PyErr_Clear();
+        return 1;
+    }
+    type = PyLong_AsLong(PyTuple_GET_ITEM(dev, 0));
+    Py_DECREF(dev);
+    if (type == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 1;
+    }
+    return type == kDLCUDA || type == kDLCUDAManaged;
+}
+
+static int acquire(xccl_py_state_t *state, PyObject *obj, int flags, const xccl_py_what_t *what,
+                   PyObject *stream, xccl_py_tensor_t *t)
 {
     PyObject       *cap;
     const DLTensor *dl;
@@ -284,12 +437,16 @@ int xccl_py_tensor_acquire(xccl_py_state_t *state, PyObject *obj, int flags,
     xccl_dlpack_verdict_t verdict;
     char                  msg[512];
     int                   rc;
+    const int             cuda = (flags & XCCL_PY_BUF_CUDA) != 0;
 
     memset(t, 0, sizeof(*t));
-    if (take_buffer(obj, flags, t) == 0) return 0;
-    if (take_exchange(obj, t) < 0) {
+    /* a CUDA operation takes the capsule route only: the exchange table does not synchronise
+     * with a stream, __dlpack__(stream=) does */
+    if (!cuda && take_buffer(obj, flags, t) == 0) return 0;
+    if (cuda || take_exchange(obj, t) < 0) {
         if (flags & XCCL_PY_BUF_NO_CAPSULE) return -1;
-        cap = export_capsule(obj, what);
+        if (stream != NULL && !on_cuda_device(obj)) stream = NULL;
+        cap = export_capsule(obj, what, stream);
         if (cap == NULL) return -1;
         rc = take_capsule(cap, obj, what, t);
         if (rc < 0) {
@@ -320,7 +477,8 @@ int xccl_py_tensor_acquire(xccl_py_state_t *state, PyObject *obj, int flags,
         dl = &((DLManagedTensor *)t->managed)->dl_tensor;
     }
     verdict = xccl_dlpack_check(dl, dlflags, (flags & XCCL_PY_BUF_OUTPUT) != 0,
-                                (flags & XCCL_PY_BUF_ANY_DEVICE) != 0, &view, msg, sizeof(msg));
+                                cuda || (flags & XCCL_PY_BUF_ANY_DEVICE) != 0, &view, msg,
+                                sizeof(msg));
     t->device_type = view.device_type;
     t->device_id   = view.device_id;
     t->read_only   = view.read_only;
@@ -330,6 +488,10 @@ int xccl_py_tensor_acquire(xccl_py_state_t *state, PyObject *obj, int flags,
         PyErr_Format(PyExc_TypeError, WHAT_FMT ": %s", WHAT_ARGS(what), msg);
         goto fail;
     case XCCL_DLPACK_BAD_DEVICE:
+        if (t->device_type == kDLCUDA || t->device_type == kDLCUDAManaged) {
+            host_call_cuda_buffer(state, what, t);
+            goto fail;
+        }
         xccl_py_raise_fmt(state, XCCL_ERR_NOT_SUPPORTED, WHAT_FMT ": %s", WHAT_ARGS(what), msg);
         goto fail;
     default:
@@ -340,8 +502,114 @@ int xccl_py_tensor_acquire(xccl_py_state_t *state, PyObject *obj, int flags,
     t->count = view.count;
     t->rows  = view.rows;
     t->dtype = view.dtype;
+    if (cuda && cuda_buffer_check(state, what, t) < 0) goto fail;
     return 0;
 fail:
     xccl_py_tensor_release(t);
     return -1;
+}
+
+int xccl_py_tensor_acquire(xccl_py_state_t *state, PyObject *obj, int flags,
+                           const xccl_py_what_t *what, xccl_py_tensor_t *t)
+{
+    return acquire(state, obj, flags & ~XCCL_PY_BUF_CUDA, what, NULL, t);
+}
+
+int xccl_py_tensor_acquire_cuda(xccl_py_state_t *state, PyObject *obj, int flags,
+                                const xccl_py_what_t *what, unsigned long long stream,
+                                xccl_py_tensor_t *t)
+{
+    /* DLPack names the legacy default stream 1 (0 is not allowed for CUDA) */
+    PyObject *s = PyLong_FromUnsignedLongLong(stream == 0 ? 1 : stream);
+    int       rc;
+
+    if (s == NULL) {
+        memset(t, 0, sizeof(*t));
+        return -1;
+    }
+    rc = acquire(state, obj, (flags | XCCL_PY_BUF_CUDA) & ~XCCL_PY_BUF_NO_CAPSULE, what, s, t);
+    Py_DECREF(s);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Module functions: cuda_info(), cuda_set_device(i), cuda_device()
+ * ------------------------------------------------------------------------------------------- */
+
+/* "sm_75 sm_80 compute_90" -> ["sm_75", "sm_80", "compute_90"] */
+static PyObject *split_words(const char *s)
+{
+    PyObject *text = PyUnicode_FromString(s);
+    PyObject *res;
+
+    if (text == NULL) return NULL;
+    res = PyUnicode_Split(text, NULL, -1);
+    Py_DECREF(text);
+    return res;
+}
+
+PyObject *xccl_py_cuda_info(PyObject *module, PyObject *unused)
+{
+    xccl_cuda_info_t info;
+    PyObject        *archs, *cc, *res;
+
+    (void)module;
+    (void)unused;
+    memset(&info, 0, sizeof(info));
+    Py_BEGIN_ALLOW_THREADS /* the first call loads the driver */
+    xccl_cuda_info(&info);
+    Py_END_ALLOW_THREADS
+    info.why[sizeof(info.why) - 1]                 = '\0';
+    info.archs[sizeof(info.archs) - 1]             = '\0';
+    info.device_name[sizeof(info.device_name) - 1] = '\0';
+    if (info.device >= 0) process_device = info.device;
+    archs = split_words(info.archs);
+    if (archs == NULL) return NULL;
+    if (info.device >= 0) {
+        cc = Py_BuildValue("(ii)", info.cc_major, info.cc_minor);
+    } else {
+        cc = Py_NewRef(Py_None);
+    }
+    if (cc == NULL) {
+        Py_DECREF(archs);
+        return NULL;
+    }
+    res = Py_BuildValue("{s:O,s:O,s:s,s:O,s:i,s:i,s:i,s:i,s:s,s:O}", "built",
+                        info.built ? Py_True : Py_False, "loaded",
+                        info.loaded ? Py_True : Py_False, "why", info.why, "archs", archs,
+                        "header_version", info.header_version, "driver_version",
+                        info.driver_version, "ndevices", info.ndevices, "device", info.device,
+                        "device_name", info.device_name, "compute_capability", cc);
+    Py_DECREF(archs);
+    Py_DECREF(cc);
+    return res;
+}
+
+PyObject *xccl_py_cuda_set_device(PyObject *module, PyObject *args)
+{
+    xccl_py_state_t *state  = PyModule_GetState(module);
+    const char      *prefix = "cuda.set_device";
+    PyObject        *arg;
+    long             dev;
+
+    if (!PyArg_ParseTuple(args, "O|s:cuda_set_device", &arg, &prefix)) return NULL;
+    if (PyBool_Check(arg) || !PyLong_Check(arg)) {
+        return PyErr_Format(PyExc_TypeError, "cuda.set_device: expected a device index (int), "
+                                             "got %.200s",
+                            Py_TYPE(arg)->tp_name);
+    }
+    dev = PyLong_AsLong(arg);
+    if (dev == -1 && PyErr_Occurred()) return NULL;
+    if (dev < 0 || dev > INT32_MAX)
+        return xccl_py_raise_fmt(state, XCCL_ERR_INVALID_ARG,
+                                 "cuda.set_device: device %ld is not a device index", dev);
+    if (xccl_py_cuda_use(state, (int)dev, prefix) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+PyObject *xccl_py_cuda_device_fn(PyObject *module, PyObject *unused)
+{
+    (void)module;
+    (void)unused;
+    return PyLong_FromLong(xccl_py_cuda_device());
 }

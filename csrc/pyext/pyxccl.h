@@ -107,6 +107,8 @@ typedef struct xccl_py_tensor {
 #define XCCL_PY_BUF_NO_CAPSULE 0x4 /* only the routes that run no producer code (numpy's
                                     * buffer, the DLPack exchange table): -1 without an
                                     * exception when neither applies                     */
+#define XCCL_PY_BUF_CUDA       0x8 /* a CUDA operation: the buffer must be device memory of
+                                    * the process's GPU (see xccl_py_tensor_acquire_cuda) */
 
 /* The argument a message names: op "all_reduce", arg "recvbuf" (arg may be ""). */
 typedef struct xccl_py_what {
@@ -119,6 +121,21 @@ typedef struct xccl_py_what {
  * tensor is released, *t left empty and -1 returned with an exception set. */
 int  xccl_py_tensor_acquire(xccl_py_state_t *state, PyObject *obj, int flags,
                             const xccl_py_what_t *what, xccl_py_tensor_t *t);
+/* The same for a CUDA operation ordered after CUstream `stream` (0: the legacy default
+ * stream): the producer is asked through __dlpack__(stream=...) (DLPack's value: 1 for the
+ * legacy default stream), so that it orders its pending work on the tensor before that
+ * stream. The buffer must be CUDA device memory (not managed, not host) of the process's GPU;
+ * the first CUDA buffer of a process that chose none chooses it (xccl_cuda_set_device). */
+int  xccl_py_tensor_acquire_cuda(xccl_py_state_t *state, PyObject *obj, int flags,
+                                 const xccl_py_what_t *what, unsigned long long stream,
+                                 xccl_py_tensor_t *t);
+/* The GPU of this process (-1: none chosen yet); reads the library once, then a cache that
+ * xccl_py_cuda_use and _C.cuda_set_device keep. */
+int  xccl_py_cuda_device(void);
+/* Makes `device` the process's GPU if none is chosen (GIL released while the driver loads);
+ * -1 with an exception naming `prefix` ("all_reduce sendbuf") when that fails or another GPU
+ * is the process's already. */
+int  xccl_py_cuda_use(xccl_py_state_t *state, int device, const char *prefix);
 /* Calls the producer's deleter once (GIL held) and empties *t. Idempotent. */
 void xccl_py_tensor_release(xccl_py_tensor_t *t);
 /* "cpu", "cuda:0", ... for messages and buffer_info. */
@@ -157,6 +174,7 @@ typedef struct xccl_py_work {
     int              settled;    /* completion observed: buffers released, status final */
     xccl_status_t    status;     /* final status once settled                          */
     int              source;     /* sender of a successful receive, read when settling */
+    int              cuda;       /* an operation on CUDA memory (stream-ordered)        */
 } xccl_py_work_t;
 
 extern PyType_Spec xccl_py_store_spec;
@@ -196,5 +214,11 @@ PyObject *xccl_py_comm_cost_model(PyObject *self, PyObject *unused);
 PyObject *xccl_py_comm_choose(PyObject *self, PyObject *args);
 PyObject *xccl_py_comm_explain(PyObject *self, PyObject *args);
 PyObject *xccl_py_comm_diag_table(PyObject *self, PyObject *wait_s);
+
+/* CUDA (py_tensor.c): module functions cuda_info(), cuda_set_device(i, prefix=None),
+ * cuda_device() */
+PyObject *xccl_py_cuda_info(PyObject *module, PyObject *unused);
+PyObject *xccl_py_cuda_set_device(PyObject *module, PyObject *args);
+PyObject *xccl_py_cuda_device_fn(PyObject *module, PyObject *unused);
 
 #endif /* XCCL_PYEXT_PYXCCL_H */

@@ -58,6 +58,14 @@ def default_model() -> tuple[float, float, float]:
 _Seconds: TypeAlias = float | timedelta  # every `timeout` also accepts a datetime.timedelta
 
 def set_fast_default(comm: Optional[Comm], timeout: Any) -> None: ...
+def cuda_info() -> dict[str, Any]:
+    """built, loaded, why, archs (list), header_version, driver_version, ndevices, device,
+    device_name, compute_capability ((major, minor) or None). Loads the driver once."""
+def cuda_set_device(device: int, prefix: str = "cuda.set_device") -> None:
+    """The process's GPU (once; another later: ValueError). NotImplementedError where CUDA is
+    not usable. `prefix` starts the messages."""
+def cuda_device() -> int:
+    """The process's GPU; -1 while none is chosen."""
 
 class Front:
     """The C front of a Python API function (csrc/pyext/py_front.c)."""
@@ -124,6 +132,12 @@ class Work:
         operation's error (XcclError subclass) on failure, XcclTimeoutError if `timeout`
         seconds pass first (the operation itself continues). None: no limit but the
         operation's own deadline. Several threads may wait on one Work."""
+    def wait_stream(self, stream: int) -> bool:
+        """CUDA operations: CUstream `stream` (0: the legacy default stream) waits for the
+        operation on the GPU; the CPU does not block. Raises the operation's error if it has
+        already failed; XcclError for an operation on host memory."""
+    @property
+    def cuda(self) -> bool: ...  # an operation on CUDA memory
     def is_completed(self) -> bool: ...
     def is_success(self) -> bool: ...
     def exception(self) -> Optional[BaseException]:
@@ -161,14 +175,20 @@ class Comm:
         destruction is deferred to the next Comm creation/destroy on an ordinary thread."""
     def abort(self) -> None: ...
 
-    def isend(self, buf: Any, peer: int, tag: int = 0) -> Work: ...
-    def irecv(self, buf: Any, peer: int = -1, tag: int = 0) -> Work: ...
+    # `stream`: None for buffers in host memory; for CUDA buffers the CUstream handle (an
+    # int; 0 and 1 the legacy default stream) the operation is ordered after: the producers
+    # are asked with __dlpack__(stream=) and every buffer must be device memory of the
+    # process's GPU (the first CUDA buffer chooses it when none was).
+    def isend(self, buf: Any, peer: int, tag: int = 0, stream: Optional[int] = None) -> Work: ...
+    def irecv(self, buf: Any, peer: int = -1, tag: int = 0,
+              stream: Optional[int] = None) -> Work: ...
     # In every collective `algo` forces an algorithm by name and `timeout` (seconds)
     # overrides the communicator's. sendbuf is recvbuf means in place (the buffer must be
     # writable); element-wise reductions reject partially overlapping buffers. Posting does
     # not block; the returned Work owns the buffers until the operation completes.
     def allreduce(self, sendbuf: Any, recvbuf: Any, op: int, premul: float = 1.0,
-                  algo: Optional[str] = None, timeout: Optional[float] = None) -> Work: ...
+                  algo: Optional[str] = None, timeout: Optional[float] = None,
+                  stream: Optional[int] = None) -> Work: ...
     # One-call paths: posted and waited for; None (nothing done) where the general path
     # must handle the call.
     def allreduce_now(self, buf: Any, op: int, timeout: Optional[float]) -> Optional[bool]:
@@ -196,27 +216,35 @@ class Comm:
         """Blocking receive from `peer` (not this rank); the sender's rank."""
         ...
     def broadcast(self, buf: Any, root: int, algo: Optional[str] = None,
-                  timeout: Optional[float] = None) -> Work:
+                  timeout: Optional[float] = None,
+                  stream: Optional[int] = None) -> Work:
         """buf may be read-only at the root."""
     def reduce(self, sendbuf: Any, recvbuf: Any, op: int, root: int, premul: float = 1.0,
-               algo: Optional[str] = None, timeout: Optional[float] = None) -> Work:
+               algo: Optional[str] = None, timeout: Optional[float] = None,
+                  stream: Optional[int] = None) -> Work:
         """recvbuf may be None on non-root ranks."""
     def allgather(self, sendbuf: Any, recvbuf: Any, algo: Optional[str] = None,
-                  timeout: Optional[float] = None) -> Work:
+                  timeout: Optional[float] = None,
+                  stream: Optional[int] = None) -> Work:
         """recvbuf holds size * len(sendbuf) elements, rank-major."""
     def gather(self, sendbuf: Any, recvbuf: Any, root: int, algo: Optional[str] = None,
-               timeout: Optional[float] = None) -> Work:
+               timeout: Optional[float] = None,
+                  stream: Optional[int] = None) -> Work:
         """recvbuf (size * len(sendbuf)) is used at the root only; None elsewhere."""
     def scatter(self, sendbuf: Any, recvbuf: Any, root: int, algo: Optional[str] = None,
-                timeout: Optional[float] = None) -> Work:
+                timeout: Optional[float] = None,
+                  stream: Optional[int] = None) -> Work:
         """sendbuf (size * len(recvbuf)) is used at the root only; None elsewhere."""
     def reduce_scatter(self, sendbuf: Any, recvbuf: Any, op: int, premul: float = 1.0,
-                       algo: Optional[str] = None, timeout: Optional[float] = None) -> Work: ...
+                       algo: Optional[str] = None, timeout: Optional[float] = None,
+                  stream: Optional[int] = None) -> Work: ...
     def alltoall(self, sendbuf: Any, recvbuf: Any, algo: Optional[str] = None,
-                 timeout: Optional[float] = None) -> Work: ...
+                 timeout: Optional[float] = None,
+                  stream: Optional[int] = None) -> Work: ...
     def alltoallv(self, sendbuf: Any, scounts: Sequence[int], sdispls: Sequence[int],
                   recvbuf: Any, rcounts: Sequence[int], rdispls: Sequence[int],
-                  algo: Optional[str] = None, timeout: Optional[float] = None) -> Work: ...
+                  algo: Optional[str] = None, timeout: Optional[float] = None,
+                  stream: Optional[int] = None) -> Work: ...
     def barrier(self, algo: Optional[str] = None, timeout: Optional[float] = None) -> Work: ...
 
     # Introspection. Cheap, non-blocking; XcclError once destroyed.

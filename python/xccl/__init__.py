@@ -5,12 +5,13 @@
     dist.all_reduce(x)                        # x: a CPU torch tensor, numpy array, ...
 
 Everything of :mod:`xccl.distributed` is re-exported here; :mod:`xccl.device_mesh` holds
-DeviceMesh and ``xccl._C`` the C extension.
+DeviceMesh, :mod:`xccl.cuda` what the process has of CUDA (its GPU, the build) and
+``xccl._C`` the C extension.
 """
 
 from __future__ import annotations
 
-from . import _C, device_mesh, distributed
+from . import _C, cuda, device_mesh, distributed
 from .distributed import *  # noqa: F403 - the public API is distributed.__all__
 from .distributed import (
     __all__ as _api,
@@ -29,7 +30,7 @@ __version__ = "0.1.0"
 # (``dist.distributed_c10d._get_default_group()``).
 distributed_c10d = distributed
 
-__all__ = [*_api, "device_mesh", "distributed"]
+__all__ = [*_api, "cuda", "device_mesh", "distributed"]
 
 
 _private = (

@@ -12,6 +12,7 @@ ranks within ``group``; give one of the two.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import math
@@ -22,6 +23,7 @@ from typing import Any, Optional, TypeVar, Union
 
 from . import _C, _env, _group
 from . import _tensor as T
+from . import cuda as _cuda
 from ._group import (
     GroupLike,
     ProcessGroup,
@@ -54,14 +56,55 @@ def _done(
     outputs: list[Any],
     async_op: bool,
     finish: Optional[Callable[[], None]] = None,
+    cuda: Optional[_cuda.CudaCall] = None,
 ) -> Optional[Work]:
     """Returns a Work for async_op; otherwise waits (and copies out) and returns None."""
+    if cuda is not None:
+        return _done_cuda(cwork, outputs, async_op, finish, cuda)
     if async_op:
         return Work(cwork, outputs, finish)
     cwork.wait()
     if finish is not None:
         finish()
     return None
+
+
+def _done_cuda(
+    cwork: _C.Work,
+    outputs: list[Any],
+    async_op: bool,
+    finish: Optional[Callable[[], None]],
+    cuda: _cuda.CudaCall,
+) -> Optional[Work]:
+    """_done for an operation on CUDA tensors: nothing blocks the CPU. A copy into list
+    outputs is queued on the call's stream behind the operation; without async_op the call's
+    stream waits for the operation, as with torch's NCCL backend."""
+    event = None
+    if finish is not None:
+        _cuda.wait_stream(cwork, cuda.handle)
+        with cuda.stream_context():
+            finish()
+        if async_op:
+            event = cuda.record_event()
+    if async_op:
+        return Work(cwork, outputs, None, cuda, event)
+    if finish is None:
+        _cuda.wait_stream(cwork, cuda.handle)
+    return None
+
+
+def _named(name: str, ts: list[Any]) -> list[tuple[str, Any]]:
+    return [(f"{name}[{i}]", t) for i, t in enumerate(ts)]
+
+
+def _ctx(cu: Optional[_cuda.CudaCall]) -> Any:
+    """Where the temporaries and copies of a call run: the call's stream for CUDA tensors."""
+    return contextlib.nullcontext() if cu is None else cu.stream_context()
+
+
+def _on(op: str, stream: Any, *named: tuple[str, Any]) -> Optional[_cuda.CudaCall]:
+    """The CudaCall of a call on CUDA tensors, None for host tensors (see cuda.resolve)."""
+    return _cuda.resolve(op, list(named), stream)
 
 
 # The operators most calls pass, RedOpType members without a factor or a dtype rule, keyed by
@@ -129,6 +172,8 @@ def isend(
     group: GroupLike = None,
     tag: int = 0,
     group_dst: Optional[int] = None,
+    *,
+    stream: Any = None,
 ) -> Optional[Work]:
     """Sends `tensor` to `dst` without blocking; returns a Work (None for non-members).
     Messages between two ranks with the same tag arrive in posting order."""
@@ -137,7 +182,9 @@ def isend(
     if pg is None:
         return None
     peer = canonical_rank(pg, dst, group_dst, "dst")
-    return Work(pg.comm.isend(T.prep(tensor), peer, tag), [tensor])
+    cu = _on("isend", stream, ("tensor", tensor))
+    cwork = pg.comm.isend(T.prep(tensor), peer, tag, _cuda.handle(cu))
+    return Work(cwork, [tensor], None, cu)
 
 
 def irecv(
@@ -146,6 +193,8 @@ def irecv(
     group: GroupLike = None,
     tag: int = 0,
     group_src: Optional[int] = None,
+    *,
+    stream: Any = None,
 ) -> Optional[Work]:
     """Receives into `tensor` from `src` (None: from any rank) without blocking; returns a
     Work whose ``source_rank()`` names the sender (None for non-members)."""
@@ -158,7 +207,9 @@ def irecv(
         peer = _C.ANY_SOURCE
     else:
         peer = canonical_rank(pg, src, group_src, "src")
-    return Work(pg.comm.irecv(T.prep(tensor), peer, tag), [tensor])
+    cu = _on("irecv", stream, ("tensor", tensor))
+    cwork = pg.comm.irecv(T.prep(tensor), peer, tag, _cuda.handle(cu))
+    return Work(cwork, [tensor], None, cu)
 
 
 def _other_rank(
@@ -193,9 +244,12 @@ def send(
     group: GroupLike = None,
     tag: int = 0,
     group_dst: Optional[int] = None,
+    *,
+    stream: Any = None,
 ) -> None:
-    """Sends `tensor` to `dst` and waits until the send completed."""
-    if group is None and group_dst is None and dst is not None:
+    """Sends `tensor` to `dst` and waits until the send completed (CUDA tensors: the call's
+    stream waits for it; the CPU does not block)."""
+    if group is None and group_dst is None and dst is not None and stream is None:
         # the common call in one C call (see all_reduce)
         pg = _group._fast_default or _current_world().default
         if pg is not None and pg._comm.send_now(tensor, dst, tag) is not None:
@@ -205,7 +259,9 @@ def send(
     if pg is None:
         return
     peer = _send_peer(pg, dst, group_dst)
-    pg.comm.isend(T.prep(tensor), peer, tag).wait()
+    cu = _on("send", stream, ("tensor", tensor))
+    cwork = pg.comm.isend(T.prep(tensor), peer, tag, _cuda.handle(cu))
+    _done(cwork, [tensor], False, None, cu)
 
 
 def recv(
@@ -214,10 +270,14 @@ def recv(
     group: GroupLike = None,
     tag: int = 0,
     group_src: Optional[int] = None,
+    *,
+    stream: Any = None,
 ) -> int:
     """Receives into `tensor` from `src` (None: from any rank) and waits; returns the
-    sender's global rank (-1 for non-members)."""
-    if group is None and group_src is None and src is not None:
+    sender's global rank (-1 for non-members). CUDA tensors: the call's stream waits for the
+    receive, the CPU does not block, except for a receive from any rank, whose sender is
+    known only once it has completed."""
+    if group is None and group_src is None and src is not None and stream is None:
         # the common call in one C call (see all_reduce); on the default group the sender's
         # rank is its global rank
         pg = _group._fast_default or _current_world().default
@@ -231,8 +291,12 @@ def recv(
     if pg is None:
         return -1
     peer = _recv_peer(pg, src, group_src)
-    work = pg.comm.irecv(T.prep(tensor), peer, tag)
-    work.wait()
+    cu = _on("recv", stream, ("tensor", tensor))
+    work = pg.comm.irecv(T.prep(tensor), peer, tag, _cuda.handle(cu))
+    if cu is None or peer == _C.ANY_SOURCE:
+        work.wait()
+    else:
+        _cuda.wait_stream(work, cu.handle)
     if peer == _C.ANY_SOURCE:
         peer = work.source_rank()
     return get_global_rank(pg, peer)
@@ -293,15 +357,22 @@ def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list[Work]:
     if first is None:
         warn_not_in_group("batch_isend_irecv")
         return []
-    works = []
+    # every op checked (devices, then each one's stream) before the first is posted
+    _on("batch_isend_irecv", None, *[(f"p2p_op_list[{i}].tensor", p.tensor)
+                                     for i, p in enumerate(p2p_op_list)])
+    calls = [_on("batch_isend_irecv", None, (f"p2p_op_list[{i}].tensor", p.tensor))
+             for i, p in enumerate(p2p_op_list)]
     for p in p2p_op_list:
-        if p.op.__name__ == "isend":
-            cwork = first.comm.isend(T.prep(p.tensor), p.group_peer, p.tag)
-        else:
+        if p.op.__name__ != "isend":
             T.check_writable(p.tensor, "tensor")
+    works = []
+    for p, cu in zip(p2p_op_list, calls, strict=True):
+        if p.op.__name__ == "isend":
+            cwork = first.comm.isend(T.prep(p.tensor), p.group_peer, p.tag, _cuda.handle(cu))
+        else:
             peer = _C.ANY_SOURCE if p.group_peer is None else p.group_peer
-            cwork = first.comm.irecv(T.prep(p.tensor), peer, p.tag)
-        works.append(Work(cwork, [p.tensor]))
+            cwork = first.comm.irecv(T.prep(p.tensor), peer, p.tag, _cuda.handle(cu))
+        works.append(Work(cwork, [p.tensor], None, cu))
     return works
 
 
@@ -318,9 +389,17 @@ def broadcast(
     group_src: Optional[int] = None,
     *,
     algo: Optional[str] = None,
+    stream: Any = None,
 ) -> Optional[Work]:
     """Copies `tensor` of rank `src` into `tensor` of every rank."""
-    if group is None and group_src is None and src is not None and not async_op and algo is None:
+    if (
+        group is None
+        and group_src is None
+        and src is not None
+        and not async_op
+        and algo is None
+        and stream is None
+    ):
         # the common call in one C call (see all_reduce)
         pg = _group._fast_default or _current_world().default
         if pg is not None and pg._comm.broadcast_now(tensor, src, pg._timeout_arg) is not None:
@@ -330,8 +409,9 @@ def broadcast(
     if pg is None:
         return None
     root = canonical_rank(pg, src, group_src, "src")
-    cwork = pg.comm.broadcast(T.prep(tensor), root, algo, pg._timeout_arg)
-    return _done(cwork, [tensor], async_op)
+    cu = _on("broadcast", stream, ("tensor", tensor))
+    cwork = pg.comm.broadcast(T.prep(tensor), root, algo, pg._timeout_arg, _cuda.handle(cu))
+    return _done(cwork, [tensor], async_op, None, cu)
 
 
 def all_reduce(
@@ -341,9 +421,10 @@ def all_reduce(
     async_op: bool = False,
     *,
     algo: Optional[str] = None,
+    stream: Any = None,
 ) -> Optional[Work]:
     """Reduces `tensor` across the group with `op`; every rank gets the result in place."""
-    if group is None and not async_op and algo is None:
+    if group is None and not async_op and algo is None and stream is None:
         # the common call in one C call; it declines (None, nothing done) whatever needs
         # the general path below, which then also raises the messages. The default group
         # (never a destroyed one) comes from _group._fast_default where it can.
@@ -357,9 +438,10 @@ def all_reduce(
     if pg is None:
         return None
     c_op, factor = _reduce_op(op, tensor, "all_reduce")
+    cu = _on("all_reduce", stream, ("tensor", tensor))
     t = T.prep(tensor)
-    cwork = pg.comm.allreduce(t, t, c_op, factor, algo, pg._timeout_arg)
-    return _done(cwork, [tensor], async_op)
+    cwork = pg.comm.allreduce(t, t, c_op, factor, algo, pg._timeout_arg, _cuda.handle(cu))
+    return _done(cwork, [tensor], async_op, None, cu)
 
 
 def reduce(
@@ -371,6 +453,7 @@ def reduce(
     group_dst: Optional[int] = None,
     *,
     algo: Optional[str] = None,
+    stream: Any = None,
 ) -> Optional[Work]:
     """Reduces `tensor` across the group with `op` into `tensor` of rank `dst` (the other
     ranks' tensors are left unchanged)."""
@@ -380,10 +463,11 @@ def reduce(
         return None
     root = canonical_rank(pg, dst, group_dst, "dst")
     c_op, factor = _reduce_op(op, tensor, "reduce")
+    cu = _on("reduce", stream, ("tensor", tensor))
     t = T.prep(tensor)
     rbuf = t if pg.rank() == root else None
-    cwork = pg.comm.reduce(t, rbuf, c_op, root, factor, algo, pg._timeout_arg)
-    return _done(cwork, [tensor], async_op)
+    cwork = pg.comm.reduce(t, rbuf, c_op, root, factor, algo, pg._timeout_arg, _cuda.handle(cu))
+    return _done(cwork, [tensor], async_op, None, cu)
 
 
 def all_gather_into_tensor(
@@ -393,10 +477,11 @@ def all_gather_into_tensor(
     async_op: bool = False,
     *,
     algo: Optional[str] = None,
+    stream: Any = None,
 ) -> Optional[Work]:
     """Concatenates every rank's `input_tensor` in rank order into `output_tensor`, whose
     shape is either ``[size * d0, ...]`` or ``[size, d0, ...]``."""
-    if group is None and not async_op and algo is None:
+    if group is None and not async_op and algo is None and stream is None:
         pg = _group._fast_default or _current_world().default  # one C call (see all_reduce)
         if pg is not None:
             if pg._comm.allgather_now(input_tensor, output_tensor, pg._timeout_arg) is not None:
@@ -406,14 +491,22 @@ def all_gather_into_tensor(
     pg = _member(group, "all_gather_into_tensor")
     if pg is None:
         return None
+    cu = _on(
+        "all_gather_into_tensor",
+        stream,
+        ("output_tensor", output_tensor),
+        ("input_tensor", input_tensor),
+    )
     _check_numel(
         output_tensor,
         pg.size() * T.numel(input_tensor),
         "all_gather_into_tensor: output_tensor",
         "group size x input elements",
     )
-    cwork = pg.comm.allgather(T.prep(input_tensor), T.prep(output_tensor), algo, pg._timeout_arg)
-    return _done(cwork, [output_tensor], async_op)
+    cwork = pg.comm.allgather(
+        T.prep(input_tensor), T.prep(output_tensor), algo, pg._timeout_arg, _cuda.handle(cu)
+    )
+    return _done(cwork, [output_tensor], async_op, None, cu)
 
 
 def _all_gather_base(
@@ -431,10 +524,11 @@ def reduce_scatter_tensor(
     async_op: bool = False,
     *,
     algo: Optional[str] = None,
+    stream: Any = None,
 ) -> Optional[Work]:
     """Reduces `input` (``size`` blocks of ``output.numel()`` elements) across the group;
     rank r receives the reduction of block r in `output`."""
-    if group is None and not async_op and algo is None:
+    if group is None and not async_op and algo is None and stream is None:
         pg = _group._fast_default or _current_world().default  # one C call (see all_reduce)
         c_op = _C_SUM if op is _SUM else _PLAIN_OPS.get(id(op), (None,))[0]
         if c_op is not None and pg is not None:
@@ -445,6 +539,7 @@ def reduce_scatter_tensor(
     pg = _member(group, "reduce_scatter_tensor")
     if pg is None:
         return None
+    cu = _on("reduce_scatter_tensor", stream, ("output", output), ("input", input))
     _check_numel(
         input,
         pg.size() * T.numel(output),
@@ -453,9 +548,9 @@ def reduce_scatter_tensor(
     )
     c_op, factor = _reduce_op(op, input, "reduce_scatter_tensor")
     cwork = pg.comm.reduce_scatter(
-        T.prep(input), T.prep(output), c_op, factor, algo, pg._timeout_arg
+        T.prep(input), T.prep(output), c_op, factor, algo, pg._timeout_arg, _cuda.handle(cu)
     )
-    return _done(cwork, [output], async_op)
+    return _done(cwork, [output], async_op, None, cu)
 
 
 def _reduce_scatter_base(
@@ -509,11 +604,12 @@ def all_to_all_single(
     async_op: bool = False,
     *,
     algo: Optional[str] = None,
+    stream: Any = None,
 ) -> Optional[Work]:
     """Splits `input` along dim 0 (evenly, or by `input_split_sizes` rows), sends piece j to
     rank j and concatenates the pieces received, in rank order, into `output` (whose pieces
     are `output_split_sizes` rows, or even). None or an empty list means an even split."""
-    if group is None and not async_op and algo is None:
+    if group is None and not async_op and algo is None and stream is None:
         pg = _group._fast_default or _current_world().default  # one C call (see all_reduce)
         if pg is not None and not output_split_sizes and not input_split_sizes:
             if pg._comm.alltoall_now(input, output, pg._timeout_arg) is not None:
@@ -524,13 +620,16 @@ def all_to_all_single(
     if pg is None:
         return None
     n = pg.size()
+    cu = _on("all_to_all_single", stream, ("output", output), ("input", input))
     # As in torch, an empty list of split sizes means an even split.
     output_split_sizes = output_split_sizes or None
     input_split_sizes = input_split_sizes or None
     if output_split_sizes is None and input_split_sizes is None:
         _check_numel(output, T.numel(input), "all_to_all_single: output", "same as input")
         _split_counts(None, input, n, "input")
-        cwork = pg.comm.alltoall(T.prep(input), T.prep(output), algo, pg._timeout_arg)
+        cwork = pg.comm.alltoall(
+            T.prep(input), T.prep(output), algo, pg._timeout_arg, _cuda.handle(cu)
+        )
     else:
         scounts, sdispls = _split_counts(input_split_sizes, input, n, "input")
         rcounts, rdispls = _split_counts(output_split_sizes, output, n, "output")
@@ -543,8 +642,9 @@ def all_to_all_single(
             rdispls,
             algo,
             pg._timeout_arg,
+            _cuda.handle(cu),
         )
-    return _done(cwork, [output], async_op)
+    return _done(cwork, [output], async_op, None, cu)
 
 
 def barrier(
@@ -594,6 +694,7 @@ def all_gather(
     async_op: bool = False,
     *,
     algo: Optional[str] = None,
+    stream: Any = None,
 ) -> Optional[Work]:
     """Gathers every rank's `tensor` into `tensor_list` (one tensor per rank, rank order)."""
     outs = T.check_tensor_list(tensor_list, "tensor_list")
@@ -601,9 +702,11 @@ def all_gather(
     pg = _member(group, "all_gather")
     if pg is None:
         return None
-    src, buf, finish = _gather_buffer(pg, tensor, outs, "all_gather", "tensor_list")
-    cwork = pg.comm.allgather(src, buf, algo, pg._timeout_arg)
-    return _done(cwork, tensor_list, async_op, finish)
+    cu = _on("all_gather", stream, ("tensor", tensor), *_named("tensor_list", outs))
+    with _ctx(cu):
+        src, buf, finish = _gather_buffer(pg, tensor, outs, "all_gather", "tensor_list")
+    cwork = pg.comm.allgather(src, buf, algo, pg._timeout_arg, _cuda.handle(cu))
+    return _done(cwork, tensor_list, async_op, finish, cu)
 
 
 def gather(
@@ -615,6 +718,7 @@ def gather(
     group_dst: Optional[int] = None,
     *,
     algo: Optional[str] = None,
+    stream: Any = None,
 ) -> Optional[Work]:
     """Gathers every rank's `tensor` into `gather_list` of rank `dst` (default rank 0);
     the other ranks pass no gather_list."""
@@ -630,14 +734,17 @@ def gather(
             raise ValueError(
                 "Argument ``gather_list`` must NOT be specified on non-destination ranks."
             )
-        cwork = pg.comm.gather(T.prep(tensor), None, root, algo, pg._timeout_arg)
-        return _done(cwork, [], async_op)
+        cu = _on("gather", stream, ("tensor", tensor))
+        cwork = pg.comm.gather(T.prep(tensor), None, root, algo, pg._timeout_arg, _cuda.handle(cu))
+        return _done(cwork, [], async_op, None, cu)
     if not gather_list:
         raise ValueError("Argument ``gather_list`` must be specified on destination rank.")
     outs = T.check_tensor_list(gather_list, "gather_list")
-    src, buf, finish = _gather_buffer(pg, tensor, outs, "gather", "gather_list")
-    cwork = pg.comm.gather(src, buf, root, algo, pg._timeout_arg)
-    return _done(cwork, gather_list, async_op, finish)
+    cu = _on("gather", stream, ("tensor", tensor), *_named("gather_list", outs))
+    with _ctx(cu):
+        src, buf, finish = _gather_buffer(pg, tensor, outs, "gather", "gather_list")
+    cwork = pg.comm.gather(src, buf, root, algo, pg._timeout_arg, _cuda.handle(cu))
+    return _done(cwork, gather_list, async_op, finish, cu)
 
 
 def scatter(
@@ -649,6 +756,7 @@ def scatter(
     group_src: Optional[int] = None,
     *,
     algo: Optional[str] = None,
+    stream: Any = None,
 ) -> Optional[Work]:
     """Sends ``scatter_list[r]`` of rank `src` (default rank 0) into `tensor` of rank r;
     the other ranks pass no scatter_list."""
@@ -663,22 +771,25 @@ def scatter(
     if pg.rank() != root:
         if scatter_list:
             raise ValueError("Argument ``scatter_list`` must NOT be specified on non-source ranks.")
-        cwork = pg.comm.scatter(None, T.prep(tensor), root, algo, pg._timeout_arg)
-        return _done(cwork, [tensor], async_op)
+        cu = _on("scatter", stream, ("tensor", tensor))
+        cwork = pg.comm.scatter(None, T.prep(tensor), root, algo, pg._timeout_arg, _cuda.handle(cu))
+        return _done(cwork, [tensor], async_op, None, cu)
     if not scatter_list:
         raise ValueError("Argument ``scatter_list`` must be specified on source rank.")
     ins = T.check_tensor_list(scatter_list, "scatter_list")
     n = pg.size()
     _check_count(ins, n, "scatter: scatter_list")
+    cu = _on("scatter", stream, ("tensor", tensor), *_named("scatter_list", ins))
     out = T.native(tensor, "tensor")
     count = T.numel(out)
     ins = [T.native(t, f"scatter_list[{i}]") for i, t in enumerate(ins)]
     for i, t in enumerate(ins):
         _check_numel(t, count, f"scatter: scatter_list[{i}]", "same as the output tensor")
     T.check_same_dtype([out, *ins])
-    buf, _ = T.pack(ins, out)
-    cwork = pg.comm.scatter(buf, T.prep(tensor), root, algo, pg._timeout_arg)
-    return _done(cwork, [tensor], async_op)
+    with _ctx(cu):
+        buf, _ = T.pack(ins, out)
+    cwork = pg.comm.scatter(buf, T.prep(tensor), root, algo, pg._timeout_arg, _cuda.handle(cu))
+    return _done(cwork, [tensor], async_op, None, cu)
 
 
 def reduce_scatter(
@@ -689,6 +800,7 @@ def reduce_scatter(
     async_op: bool = False,
     *,
     algo: Optional[str] = None,
+    stream: Any = None,
 ) -> Optional[Work]:
     """Reduces ``input_list[r]`` across the group into `output` of rank r."""
     T.check_tensor(output, "output")
@@ -698,6 +810,7 @@ def reduce_scatter(
         return None
     n = pg.size()
     _check_count(ins, n, "reduce_scatter: input_list")
+    cu = _on("reduce_scatter", stream, ("output", output), *_named("input_list", ins))
     out = T.native(output, "output")
     count = T.numel(out)
     ins = [T.native(t, f"input_list[{i}]") for i, t in enumerate(ins)]
@@ -705,9 +818,12 @@ def reduce_scatter(
         _check_numel(t, count, f"reduce_scatter: input_list[{i}]", "same as the output")
     T.check_same_dtype([out, *ins])
     c_op, factor = _reduce_op(op, out, "reduce_scatter")
-    buf, _ = T.pack(ins, out)
-    cwork = pg.comm.reduce_scatter(buf, T.prep(output), c_op, factor, algo, pg._timeout_arg)
-    return _done(cwork, [output], async_op)
+    with _ctx(cu):
+        buf, _ = T.pack(ins, out)
+    cwork = pg.comm.reduce_scatter(
+        buf, T.prep(output), c_op, factor, algo, pg._timeout_arg, _cuda.handle(cu)
+    )
+    return _done(cwork, [output], async_op, None, cu)
 
 
 def all_to_all(
@@ -717,6 +833,7 @@ def all_to_all(
     async_op: bool = False,
     *,
     algo: Optional[str] = None,
+    stream: Any = None,
 ) -> Optional[Work]:
     """Sends ``input_tensor_list[j]`` to rank j and receives rank i's piece into
     ``output_tensor_list[i]``; pieces may have different sizes."""
@@ -728,16 +845,25 @@ def all_to_all(
     n = pg.size()
     _check_count(outs, n, "all_to_all: output_tensor_list")
     _check_count(ins, n, "all_to_all: input_tensor_list")
+    cu = _on(
+        "all_to_all",
+        stream,
+        *_named("output_tensor_list", outs),
+        *_named("input_tensor_list", ins),
+    )
     outs = _natives_out(outs, "output_tensor_list")
     ins = [T.native(t, f"input_tensor_list[{i}]") for i, t in enumerate(ins)]
     T.check_same_dtype([*outs, *ins])
-    sbuf, scounts = T.pack(ins, outs[0])
-    rcounts = [T.numel(o) for o in outs]
-    rbuf = T.empty_flat(outs[0], sum(rcounts))
+    with _ctx(cu):
+        sbuf, scounts = T.pack(ins, outs[0])
+        rcounts = [T.numel(o) for o in outs]
+        rbuf = T.empty_flat(outs[0], sum(rcounts))
     sdispls = [0, *itertools.accumulate(scounts)][:-1]
     rdispls = [0, *itertools.accumulate(rcounts)][:-1]
-    cwork = pg.comm.alltoallv(sbuf, scounts, sdispls, rbuf, rcounts, rdispls, algo, pg._timeout_arg)
-    return _done(cwork, output_tensor_list, async_op, _copy_out(outs, rbuf, rcounts))
+    cwork = pg.comm.alltoallv(
+        sbuf, scounts, sdispls, rbuf, rcounts, rdispls, algo, pg._timeout_arg, _cuda.handle(cu)
+    )
+    return _done(cwork, output_tensor_list, async_op, _copy_out(outs, rbuf, rcounts), cu)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -861,13 +987,13 @@ def _front(fn: _F, method: str, spec: str, timeout: bool = True) -> _F:
     return front  # type: ignore[no-any-return]
 
 
-send = _front(send, "send_now", "01n2n", timeout=False)
-recv = _front(recv, "recv_now", "01n2n", timeout=False)
-broadcast = _front(broadcast, "broadcast_now", "01nfnn")
-all_reduce = _front(all_reduce, "allreduce_now", "0bnfn")
-all_gather_into_tensor = _front(all_gather_into_tensor, "allgather_now", "10nfn")
-reduce_scatter_tensor = _front(reduce_scatter_tensor, "reduce_scatter_now", "10cnfn")
-all_to_all_single = _front(all_to_all_single, "alltoall_now", "10eenfn")
+send = _front(send, "send_now", "01n2nn", timeout=False)
+recv = _front(recv, "recv_now", "01n2nn", timeout=False)
+broadcast = _front(broadcast, "broadcast_now", "01nfnnn")
+all_reduce = _front(all_reduce, "allreduce_now", "0bnfnn")
+all_gather_into_tensor = _front(all_gather_into_tensor, "allgather_now", "10nfnn")
+reduce_scatter_tensor = _front(reduce_scatter_tensor, "reduce_scatter_now", "10cnfnn")
+all_to_all_single = _front(all_to_all_single, "alltoall_now", "10eenfnn")
 
 
 __all__ = [

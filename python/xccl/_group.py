@@ -453,15 +453,16 @@ def init_process_group(
     With the URL forms rank 0 hosts a TCP store. `backend` picks the transports
     (``"auto"``, ``"tcp"``, ``"shm"``; torch names such as ``"gloo"`` mean ``"auto"``).
     `timeout` (timedelta or seconds; default ``XCCL_TIMEOUT`` or 600 s) bounds every
-    operation of the group. `group_name`, `pg_options` and `device_id` are accepted for
-    torch compatibility (a non-CPU device_id raises NotImplementedError).
+    operation of the group. `device_id` (``torch.device("cuda", i)`` or ``"cuda:i"``) makes GPU
+    i the process's GPU (:func:`xccl.cuda.set_device`); `group_name` and `pg_options` are
+    accepted for torch compatibility.
     """
     with _world.lock:
         if _world.default is not None:
             raise ValueError("trying to initialize the default process group twice!")
         if store is not None and init_method is not None:
             raise ValueError("Cannot specify both init_method and store.")
-        _check_device(device_id)
+        _check_device(device_id, bind=True)
         name = Backend(backend if backend is not None else "auto")
         transports = backend_transports(name)
         seconds = _env.timeout_seconds(timeout, _env.default_timeout())
@@ -503,14 +504,26 @@ def init_process_group(
         _set_default(pg)
 
 
-def _check_device(device_id: Any) -> None:
+def _check_device(device_id: Any, bind: bool = False) -> None:
+    """device_id of init_process_group / new_group: None, a CPU device, or a CUDA device with
+    an index (torch.device("cuda", i), "cuda:i"), which (`bind`) becomes the process's GPU
+    (xccl.cuda.set_device) as torch's device_id binds the process to it."""
     if device_id is None:
         return
     kind = getattr(device_id, "type", device_id)
-    if isinstance(kind, int) or str(kind).split(":")[0] != "cpu":
-        raise NotImplementedError(
-            f"device_id {device_id!r}: xccl's Python API supports CPU tensors only for now"
-        )
+    if isinstance(kind, str) and kind.split(":")[0] == "cpu":
+        return
+    if isinstance(kind, str) and kind.split(":")[0] == "cuda":
+        from . import cuda
+
+        index = cuda._device_index(device_id)  # ValueError without an index
+        if bind:
+            cuda.set_device(index)
+        return
+    raise ValueError(
+        f"device_id {device_id!r}: expected a CPU device or a CUDA device with an index "
+        "(torch.device('cuda', i) or 'cuda:i')"
+    )
 
 
 def destroy_process_group(group: GroupLike = None) -> None:

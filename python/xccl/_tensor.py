@@ -1,7 +1,8 @@
 """Helpers over the two tensor kinds the Python layer manipulates itself: torch tensors and
-numpy arrays. Any other DLPack producer is viewed as one of them (torch when torch is loaded,
-else numpy) where the layer needs temporaries or copies; single-buffer operations hand the
-user's object to the C extension untouched.
+numpy arrays. Any other DLPack producer is viewed as one of them (torch when torch is loaded
+or the tensor is in CUDA memory, else numpy) where the layer needs temporaries or copies;
+single-buffer operations hand the user's object to the C extension untouched. Temporaries are
+made on the device of the tensor they are made like.
 
 Neither torch nor numpy is imported here unless the caller's objects come from them.
 """
@@ -52,11 +53,26 @@ def native(t: Any, what: str = "tensor") -> Any:
             f"numpy.ndarray or another DLPack producer), got {type(t).__name__}"
         )
     torch = _torch()
+    if torch is None and _on_cuda(t):
+        # numpy cannot view device memory: CUDA tensors of other producers go through torch
+        try:
+            import torch
+        except ImportError:
+            raise NotImplementedError(
+                f"`{what}`: operations that copy CUDA tensors given in lists need torch to "
+                f"view {type(t).__name__} (torch is not installed)"
+            ) from None
     if torch is not None:
         return torch.from_dlpack(t)
     import numpy as np
 
     return np.from_dlpack(t)
+
+
+def _on_cuda(t: Any) -> bool:
+    """True for a DLPack producer whose tensor lives in CUDA device (or managed) memory."""
+    get = getattr(t, "__dlpack_device__", None)
+    return get is not None and int(get()[0]) in (2, 13)
 
 
 def check_tensor(t: Any, what: str) -> None:

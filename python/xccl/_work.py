@@ -19,6 +19,12 @@ class Work:
     (an :class:`XcclError` subclass). Operations whose outputs are lists of tensors run on a
     temporary buffer; the copy into the user's tensors happens exactly once, before
     ``wait()``, ``is_completed()``, ``result()`` or the future report completion.
+
+    On CUDA tensors ``wait()`` does not block the CPU: it makes the current stream wait for
+    the operation on the GPU (raising at once if the operation has already failed);
+    ``synchronize()`` blocks the CPU until the operation has finished and raises its error.
+    There, the copy into list outputs is queued on the call's stream right after the
+    operation when the call is made.
     """
 
     __slots__ = (
@@ -30,6 +36,8 @@ class Work:
         "_error",
         "_futures",
         "_hooked",
+        "_cuda",
+        "_event",
         "__weakref__",
     )
 
@@ -38,8 +46,12 @@ class Work:
         work: _C.Work,
         outputs: Optional[list[Any]] = None,
         finish: Optional[Callable[[], None]] = None,
+        cuda: Any = None,
+        event: Any = None,
     ) -> None:
         self._work = work
+        self._cuda = cuda  # the CudaCall of an operation on CUDA tensors
+        self._event = event  # recorded after its copy-out on the call's stream (or None)
         self._outputs = [] if outputs is None else outputs
         self._finish = finish
         self._lock = threading.RLock()
@@ -91,11 +103,27 @@ class Work:
             timeout = timeout.total_seconds()
         if timeout is not None and timeout <= 0:
             timeout = None
+        if self._cuda is not None:
+            self._wait_stream()
+            if timeout is None:
+                return True
+            # torch's NCCL backend: a timeout also bounds a CPU-side wait for the operation
         self._work.wait(timeout)
         self._on_done()
         if self._error is not None:
             raise self._error
         return True
+
+    def _wait_stream(self) -> None:
+        """CUDA: the current stream waits for the operation (and its copy-out)."""
+        from . import cuda as _cuda
+
+        cuda = self._cuda
+        _cuda.wait_stream(self._work, cuda.current())
+        if self._event is not None:
+            import torch
+
+            torch.cuda.current_stream(cuda.device).wait_event(self._event)
 
     def is_completed(self) -> bool:
         """True once the operation finished (successfully or not). Does not block."""
@@ -126,8 +154,15 @@ class Work:
         return self._outputs
 
     def synchronize(self) -> None:
-        """Same as :meth:`wait` (CPU operations have no stream to synchronise)."""
-        self.wait()
+        """Blocks the CPU until the operation has completed; raises its error. The same as
+        :meth:`wait` for host operations; for CUDA operations the GPU work has finished when
+        it returns (list outputs: their copy too)."""
+        self._work.wait()
+        self._on_done()
+        if self._error is not None:
+            raise self._error
+        if self._event is not None:
+            self._event.synchronize()
 
     def get_future(self) -> Any:
         """A future completed with the list of output tensors (or the error) when the

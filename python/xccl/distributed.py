@@ -1,5 +1,6 @@
-"""The torch.distributed-compatible API of xccl (CPU): ``import xccl as dist`` (or
-``from xccl import distributed as dist``) and keep the rest of a torch.distributed script.
+"""The torch.distributed-compatible API of xccl (CPU and CUDA tensors): ``import xccl as
+dist`` (or ``from xccl import distributed as dist``) and keep the rest of a torch.distributed
+script.
 
 The implementation lives in private modules: ``_group`` (process groups), ``_collectives``
 (point-to-point and collectives), ``_objects`` (object collectives), ``_store`` (key/value
@@ -88,7 +89,7 @@ def is_gloo_available() -> bool:
 
 
 def is_nccl_available() -> bool:
-    """False: xccl's Python API runs on the CPU."""
+    """False: xccl does not use NCCL (it moves CUDA tensors itself, see :mod:`xccl.cuda`)."""
     return False
 
 

@@ -1,0 +1,210 @@
+"""The Python API on "CUDA" buffers end to end without a GPU: xccl loads the fake driver of
+tests/c/fake_cuda.cc ($XCCL_CUDA_LIB; device memory is host memory from its cuMemAlloc, its
+streams a simulator that runs the real kernels compiled for the host), and DLPack producers
+export that memory as kDLCUDA tensors. Two ranks run collectives, P2P and the refusals through
+xccl._C's CUDA paths (stream= handed to the producer, the checks, XCCL_MEM_CUDA, Work.wait
+ordering a stream, synchronize). Needs an xccl built with CUDA support and a C++ compiler;
+skipped otherwise."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from harness import run_spmd
+
+from xccl import _C
+
+HERE = Path(__file__).resolve().parent
+FAKE_SRC = HERE / "c" / "fake_cuda.cc"
+CUDA_INCLUDE = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "include"
+N = 257
+
+
+def _skip_reason() -> str:
+    if not _C.cuda_info()["built"]:
+        return "xccl was built without CUDA support"
+    if not FAKE_SRC.exists():
+        return "tests/c/fake_cuda.cc is missing"
+    if shutil.which(os.environ.get("CXX", "c++")) is None:
+        return "no C++ compiler for the fake driver"
+    if not (CUDA_INCLUDE / "cuda.h").exists():
+        return f"no {CUDA_INCLUDE}/cuda.h"
+    return ""
+
+
+pytestmark = pytest.mark.skipif(bool(_skip_reason()), reason=_skip_reason() or "-")
+
+
+@pytest.fixture(scope="module")
+def fake_lib(tmp_path_factory) -> str:
+    out = tmp_path_factory.mktemp("fakecuda") / "libfakecuda.so"
+    cmd = [os.environ.get("CXX", "c++"), "-std=c++17", "-O1", "-fPIC", "-shared",
+           "-ffp-contract=off", "-Wno-unknown-pragmas", f"-I{CUDA_INCLUDE}",
+           f"-I{FAKE_SRC.parent}", str(FAKE_SRC), "-o", str(out), "-ldl"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return str(out)
+
+
+def _driver() -> Any:
+    """The fake driver with device 0's primary context current, as a framework (torch, CuPy)
+    sets it up before it allocates."""
+    lib = ctypes.CDLL(os.environ["XCCL_CUDA_LIB"])
+    ctx = ctypes.c_void_p()
+    assert lib.cuInit(0) == 0
+    assert lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+    assert lib.cuCtxSetCurrent(ctx) == 0
+    return lib
+
+
+class _Dev:
+    """`n` float32 of fake device memory, exported as a kDLCUDA tensor on device 0."""
+
+    def __init__(self, lib: Any, n: int, values: list[float]) -> None:
+        sys.path.insert(0, str(HERE))
+        from dlpack_producer import Producer, kDLCUDA
+
+        ptr = ctypes.c_uint64()
+        assert lib.cuMemAlloc_v2(ctypes.byref(ptr), n * 4) == 0
+        self.ptr, self.n = ptr.value, n
+        self.set(values)
+        self.tensor = Producer(n * 4, (n,), device=(kDLCUDA, 0), data=self.ptr)
+
+    def set(self, values: list[float]) -> None:
+        ctypes.memmove(self.ptr, struct.pack(f"={self.n}f", *values), self.n * 4)
+
+    def get(self) -> list[float]:
+        return list(struct.unpack(f"={self.n}f", ctypes.string_at(self.ptr, self.n * 4)))
+
+
+def ops_body(rank: int, ws: int) -> dict[str, Any]:
+    import xccl
+
+    lib = _driver()
+    res: dict[str, Any] = {}
+    base = [float(i) for i in range(N)]
+    x = _Dev(lib, N, [v + rank for v in base])
+    # the first CUDA tensor chooses the device
+    res["device_before"] = xccl.cuda.current_device()
+    w = xccl.all_reduce(x.tensor, async_op=True)
+    w.synchronize()
+    res["device_after"] = xccl.cuda.current_device()
+    res["all_reduce"] = x.get() == [ws * v + sum(range(ws)) for v in base]
+    res["dlpack_stream"] = x.tensor.last_kwargs["stream"]  # the legacy default stream: 1
+    res["completed"] = w.is_completed() and w.is_success()
+    # wait() orders the current (legacy default) stream; synchronize() then blocks
+    x.set([1.0] * N)
+    w = xccl.all_reduce(x.tensor, op=xccl.ReduceOp.MAX, async_op=True)
+    res["wait"] = w.wait()
+    w.synchronize()
+    res["max"] = x.get() == [1.0] * N
+    # an explicit stream (a handle of the fake driver)
+    s = ctypes.c_void_p()
+    assert lib.cuStreamCreateWithPriority(ctypes.byref(s), 1, 0) == 0
+    x.set([float(rank)] * N)
+    w = xccl.broadcast(x.tensor, src=ws - 1, async_op=True, stream=s.value)
+    res["explicit_stream"] = x.tensor.last_kwargs["stream"] == s.value
+    w.synchronize()
+    res["broadcast"] = x.get() == [float(ws - 1)] * N
+    # out of place: reduce_scatter_tensor and all_gather_into_tensor
+    big = _Dev(lib, ws * N, [float(r * N + i) for r in range(ws) for i in range(N)])
+    out = _Dev(lib, N, [0.0] * N)
+    xccl.reduce_scatter_tensor(out.tensor, big.tensor, async_op=True).synchronize()
+    res["reduce_scatter"] = out.get() == [ws * float(rank * N + i) for i in range(N)]
+    out.set([float(rank)] * N)
+    big.set([-1.0] * (ws * N))
+    xccl.all_gather_into_tensor(big.tensor, out.tensor, async_op=True).synchronize()
+    res["all_gather"] = big.get() == [float(r) for r in range(ws) for _ in range(N)]
+    # point to point, and a receive from any rank
+    nxt, prv = (rank + 1) % ws, (rank - 1) % ws
+    snd = _Dev(lib, N, [float(100 + rank)] * N)
+    rcv = _Dev(lib, N, [0.0] * N)
+    works = [xccl.isend(snd.tensor, nxt), xccl.irecv(rcv.tensor)]
+    for w in works:
+        w.synchronize()
+    res["p2p"] = rcv.get() == [float(100 + prv)] * N and works[1].source_rank() == prv
+    # refusals before anything moves
+    sys.path.insert(0, str(HERE))
+    from dlpack_producer import Producer, kDLCUDA
+
+    host = Producer.of_values("f", [1.0, 2.0], device=(kDLCUDA, 0))  # not cuMemAlloc'd
+    try:
+        xccl.all_reduce(host)
+        res["host_pointer_refused"] = "no error"
+    except ValueError as exc:
+        res["host_pointer_refused"] = str(exc)
+    res["host_pointer_untouched"] = host.values() == [1.0, 2.0] and host.live == 0
+    other = Producer.of_values("f", [1.0], device=(kDLCUDA, 1))
+    try:
+        xccl.all_reduce(other)
+        res["other_device_refused"] = "no error"
+    except ValueError as exc:
+        res["other_device_refused"] = str(exc)
+    res["leaks"] = [d.tensor.live for d in (x, big, out, snd, rcv)]
+    return res
+
+
+def test_ops_on_fake_device(fake_lib):
+    results = run_spmd(ops_body, 2, timeout=90.0, pg_timeout=30.0,
+                       env={"XCCL_CUDA_LIB": fake_lib})
+    for rank, res in enumerate(results):
+        assert res["device_before"] == -1 and res["device_after"] == 0, (rank, res)
+        for key in ("all_reduce", "completed", "wait", "max", "explicit_stream", "broadcast",
+                    "reduce_scatter", "all_gather", "p2p", "host_pointer_untouched"):
+            assert res[key] is True, (rank, key, res)
+        assert res["dlpack_stream"] == 1, res
+        assert "all_reduce" in res["host_pointer_refused"], res
+        assert "this process uses cuda:0" in res["other_device_refused"], res
+        assert res["leaks"] == [0] * 5, res
+
+
+def blocking_body(rank: int, ws: int) -> bool:
+    """Two blocking calls in a row (the current stream waits for the first, the second is
+    ordered after the current stream), then an asynchronous one waited for on the CPU."""
+    import xccl
+
+    lib = _driver()
+    x = _Dev(lib, N, [1.0] * N)
+    xccl.all_reduce(x.tensor)
+    xccl.all_reduce(x.tensor)
+    xccl.all_reduce(x.tensor, async_op=True).synchronize()
+    ok = x.get() == [float(ws**3)] * N
+    # blocking broadcast and send/recv (the receive's stream waits; no CPU wait), then a
+    # waited-for asynchronous operation followed by another post
+    y = _Dev(lib, N, [float(rank)] * N)
+    xccl.broadcast(y.tensor, src=1)
+    if rank == 0:
+        xccl.send(y.tensor, 1)
+    else:
+        xccl.recv(x.tensor, 0)
+    w = xccl.all_reduce(y.tensor, async_op=True)
+    w.wait()
+    xccl.all_reduce(y.tensor, async_op=True).synchronize()
+    ok = ok and y.get() == [float(ws * ws)] * N
+    return ok and (rank == 0 or x.get() == [1.0] * N)
+
+
+def test_blocking_calls_in_a_row_on_fake_device(fake_lib):
+    # with the Python layer's guard (xccl.cuda: a new operation first waits on the CPU for the
+    # operations a stream was made to wait for)
+    assert run_spmd(blocking_body, 2, timeout=60.0, pg_timeout=20.0,
+                    env={"XCCL_CUDA_LIB": fake_lib}) == [True, True]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="core/cuda executor: order_after queues the wait for the caller's stream on xccl's "
+    "one stream, ahead of the copies the previous operation has yet to queue there; when the "
+    "caller's stream waits for that operation (a blocking call, Work.wait), neither can finish",
+)
+def test_blocking_calls_in_a_row_without_the_guard(fake_lib):
+    assert run_spmd(blocking_body, 2, timeout=60.0, pg_timeout=4.0,
+                    env={"XCCL_CUDA_LIB": fake_lib, "XCCL_CUDA_POST_GUARD": "0"}) == [True, True]
