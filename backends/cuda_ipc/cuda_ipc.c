@@ -58,7 +58,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "ipc_cache.h"
+#include "../../csrc/cuda/ipc_cache.h"
 #include "ipc_dev.h"
 #include "ipc_test.h"
 #include "xccl/xccl_tp_support.h"

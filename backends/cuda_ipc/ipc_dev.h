@@ -13,7 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "ipc_cache.h"
+#include "../../csrc/cuda/ipc_cache.h"
 #include "xccl/xccl.h"
 
 typedef struct ipc_dev_ops {

@@ -68,24 +68,27 @@ static void caches_init(void)
 xccl_status_t xccl_cuda_export_mem(const void *ptr, size_t nbytes, void *blob, size_t *len)
 {
     CUpointer_attribute attrs[] = {CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
-                                   CU_POINTER_ATTRIBUTE_RANGE_SIZE,
-                                   CU_POINTER_ATTRIBUTE_BUFFER_ID,
-                                   CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE};
+                                   CU_POINTER_ATTRIBUTE_RANGE_SIZE};
     CUdeviceptr         base = 0;
     size_t              size = 0;
     unsigned long long  id   = 0;
-    int                 ipc  = 0;
-    void               *vals[] = {&base, &size, &id, &ipc};
+    int                 ipc  = 0; /* the driver writes a one-byte bool into it */
+    void               *vals[] = {&base, &size};
     peer_blob_t         b;
     ipc_entry_t        *e;
     CUresult            rc;
     uintptr_t           p = (uintptr_t)ptr;
 
     XCCL_CHECK(xccl_cuda_enter());
-    rc = xccl_cu.PointerGetAttributes(4, attrs, vals, (CUdeviceptr)p);
-    if (rc != CUDA_SUCCESS) return xccl_cuda_fail(rc, "cuPointerGetAttributes (export)");
-    if (!ipc || size == 0 || p < base || p + nbytes > base + size)
-        return XCCL_ERR_NOT_SUPPORTED; /* not legacy-IPC memory: the caller falls back */
+    /* memory the driver cannot describe, or legacy IPC cannot export: the caller falls back */
+    rc = xccl_cu.PointerGetAttributes(2, attrs, vals, (CUdeviceptr)p);
+    if (rc == CUDA_SUCCESS)
+        rc = xccl_cu.PointerGetAttribute(&id, CU_POINTER_ATTRIBUTE_BUFFER_ID, (CUdeviceptr)p);
+    if (rc == CUDA_SUCCESS)
+        rc = xccl_cu.PointerGetAttribute(&ipc, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
+                                         (CUdeviceptr)p);
+    if (rc != CUDA_SUCCESS || !ipc || size == 0 || p < base || p + nbytes > base + size)
+        return XCCL_ERR_NOT_SUPPORTED;
     memset(&b, 0, sizeof(b));
     b.magic  = BLOB_MAGIC;
     b.pid    = (int32_t)getpid();

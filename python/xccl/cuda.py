@@ -26,19 +26,11 @@ queued on the call's stream right after the operation. An operation that fails a
 call returned reports its error through its Work (``wait``, ``synchronize``, ``exception``);
 a blocking call's failure shows at the next operation of the group (its peers are gone or it
 was aborted). Streams waiting for a failed operation are released (never left hanging).
-
-For now a new operation on CUDA tensors first waits on the CPU for the operations a stream
-was made to wait for (``Work.wait()``, blocking calls) that have not finished: the core orders
-an operation after the caller's stream on xccl's single stream, which would otherwise deadlock
-when the caller's stream waits for an operation still queueing work there.
-``XCCL_CUDA_POST_GUARD=0`` turns this off.
 """
 
 from __future__ import annotations
 
-import os
 import sys
-import threading
 from contextlib import nullcontext
 from typing import Any, Optional
 
@@ -289,45 +281,14 @@ def resolve(op: str, tensors: list[tuple[str, Any]], stream: Any = None) -> Opti
             # temporaries xccl makes on `stream` itself need the same order.
             torch = sys.modules["torch"]
             _torch_stream(torch, index, handle).wait_stream(torch.cuda.current_stream(index))
-    _before_post()
     return CudaCall(framework, index, handle)
-
-
-# Operations some stream was made to wait for (Work.wait, blocking calls) and not yet seen
-# complete. The core orders a new operation after the caller's stream by making xccl's one
-# stream wait for it; if that stream waits for an operation that has yet to queue work on
-# xccl's stream, neither can finish. Until the core orders operations without that cycle, a
-# new CUDA operation first waits on the CPU for those operations (XCCL_CUDA_POST_GUARD=0:
-# off): a call may then block until the previous waited-for operation has finished.
-_guard = os.environ.get("XCCL_CUDA_POST_GUARD", "1") != "0"
-_waited: list[Any] = []
-_waited_lock = threading.Lock()
 
 
 def wait_stream(cwork: Any, stream: int) -> None:
     """CUstream `stream` waits for C Work `cwork` on the GPU (raises its error if it already
-    failed); remembered for the guard above."""
+    failed). The CPU does not wait: the core starts a later operation only once its own
+    caller's stream got there, so such waits never hold up xccl's work."""
     cwork.wait_stream(stream)
-    if _guard:
-        with _waited_lock:
-            _waited.append(cwork)
-
-
-def _before_post() -> None:
-    """The guard: waits on the CPU for the operations a stream waits for (their errors are
-    theirs to report: Work.wait / synchronize, or the next operation of a broken group)."""
-    if not _waited:
-        return
-    with _waited_lock:
-        pending = list(_waited)
-        _waited.clear()
-    for cwork in pending:
-        if cwork.is_completed():
-            continue
-        try:
-            cwork.wait()
-        except Exception:
-            pass
 
 
 def handle(call: Optional[CudaCall]) -> Optional[int]:

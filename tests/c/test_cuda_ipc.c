@@ -25,7 +25,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../../backends/cuda_ipc/ipc_cache.h"
+#include "cuda/ipc_cache.h"
 #include "../../backends/cuda_ipc/ipc_test.h"
 #include "algo/algo.h"
 #include "core/core.h"
