@@ -588,7 +588,7 @@ def _cell(table: Table, system: str, n: int, op: str, size: int, what: str) -> s
 
 def _md_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
     return [*lines, ""]
 
 
