@@ -288,12 +288,6 @@ class _FakeCWork:
     def __init__(self, log, error=None):
         self.log, self.error = log, error
 
-    def wait_stream(self, handle):
-        self.log.append(("wait_stream", handle))
-        if self.error is not None:
-            raise self.error
-        return True
-
     def wait(self, timeout=None):
         self.log.append(("wait", timeout))
         if self.error is not None:
@@ -342,12 +336,12 @@ class _FakeCall(xcuda.CudaCall):
         return None
 
 
-def test_blocking_cuda_call_orders_its_stream():
+def test_blocking_cuda_call_returns_once_the_op_finished():
     from xccl import _collectives
 
     log = []
     assert _collectives._done(_FakeCWork(log), [], False, None, _FakeCall(log)) is None
-    assert log == [("wait_stream", 0x50)]  # the call's stream waits; no CPU wait
+    assert log == [("wait", None)]  # the CPU waits for the device work (xccl.cuda, Streams)
 
 
 def test_list_outputs_copied_on_the_call_stream_after_the_op():
@@ -359,14 +353,14 @@ def test_list_outputs_copied_on_the_call_stream_after_the_op():
         log.append(("finish",))
 
     work = _collectives._done(_FakeCWork(log), ["out"], True, finish, _FakeCall(log))
-    assert log == [("wait_stream", 0x50), ("enter", "call stream"), ("finish",),
+    assert log == [("wait", None), ("enter", "call stream"), ("finish",),
                    ("exit", "call stream"), ("event",)]
     log.clear()
     assert work.wait() is True
-    assert log == [("wait_stream", 0x60)]  # the current stream at wait() time; no CPU wait
+    assert log == [("wait", None)]
     log.clear()
     assert work.wait(timeout=5) is True
-    assert log == [("wait_stream", 0x60), ("wait", 5)]  # a timeout bounds a CPU wait too
+    assert log == [("wait", 5)]  # a timeout bounds the wait
     log.clear()
     work.synchronize()
     assert log == [("wait", None)]

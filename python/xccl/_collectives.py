@@ -76,12 +76,12 @@ def _done_cuda(
     finish: Optional[Callable[[], None]],
     cuda: _cuda.CudaCall,
 ) -> Optional[Work]:
-    """_done for an operation on CUDA tensors: nothing blocks the CPU. A copy into list
-    outputs is queued on the call's stream behind the operation; without async_op the call's
-    stream waits for the operation, as with torch's NCCL backend."""
+    """_done for an operation on CUDA tensors. A copy into list outputs is queued on the
+    call's stream once the operation has finished (the CPU waits for it then); without
+    async_op the call returns once the operation has finished (xccl.cuda, Streams)."""
     event = None
     if finish is not None:
-        _cuda.wait_stream(cwork, cuda.handle)
+        _cuda.wait_done(cwork)
         with cuda.stream_context():
             finish()
         if async_op:
@@ -89,7 +89,7 @@ def _done_cuda(
     if async_op:
         return Work(cwork, outputs, None, cuda, event)
     if finish is None:
-        _cuda.wait_stream(cwork, cuda.handle)
+        _cuda.wait_done(cwork)
     return None
 
 
@@ -293,10 +293,7 @@ def recv(
     peer = _recv_peer(pg, src, group_src)
     cu = _on("recv", stream, ("tensor", tensor))
     work = pg.comm.irecv(T.prep(tensor), peer, tag, _cuda.handle(cu))
-    if cu is None or peer == _C.ANY_SOURCE:
-        work.wait()
-    else:
-        _cuda.wait_stream(work, cu.handle)
+    work.wait()
     if peer == _C.ANY_SOURCE:
         peer = work.source_rank()
     return get_global_rank(pg, peer)

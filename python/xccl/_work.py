@@ -103,27 +103,16 @@ class Work:
             timeout = timeout.total_seconds()
         if timeout is not None and timeout <= 0:
             timeout = None
-        if self._cuda is not None:
-            self._wait_stream()
-            if timeout is None:
-                return True
-            # torch's NCCL backend: a timeout also bounds a CPU-side wait for the operation
         self._work.wait(timeout)
         self._on_done()
         if self._error is not None:
             raise self._error
-        return True
-
-    def _wait_stream(self) -> None:
-        """CUDA: the current stream waits for the operation (and its copy-out)."""
-        from . import cuda as _cuda
-
-        cuda = self._cuda
-        _cuda.wait_stream(self._work, cuda.current())
-        if self._event is not None:
+        if self._cuda is not None and self._event is not None:
+            # the copy into list outputs, queued on the call's stream: the current one waits
             import torch
 
-            torch.cuda.current_stream(cuda.device).wait_event(self._event)
+            torch.cuda.current_stream(self._cuda.device).wait_event(self._event)
+        return True
 
     def is_completed(self) -> bool:
         """True once the operation finished (successfully or not). Does not block."""

@@ -16,16 +16,22 @@ Streams. An operation on CUDA tensors is ordered after the work queued before th
 caller's stream: ``stream=`` when given (an int CUstream handle, a ``torch.cuda.Stream`` or
 ``ExternalStream`` (``.cuda_stream``), a ``cupy.cuda.Stream`` (``.ptr``)), else the current
 stream of the tensor's framework (torch's ``current_stream(device)``, CuPy's current stream;
-the legacy default stream for other DLPack producers). The call returns once the operation is
-queued, without blocking the CPU. ``Work.wait()`` makes the current stream (at the time of the
-call) wait for the operation on the GPU; ``Work.synchronize()`` blocks the CPU until it is done;
-``Work.is_completed()`` polls. With ``async_op=False`` the call's stream waits for the
-operation before the call returns (no CPU block), as with torch's NCCL backend. ``stream=`` on
-host tensors is an error. The copy into list outputs (all_gather, gather, all_to_all) is
-queued on the call's stream right after the operation. An operation that fails after its
-call returned reports its error through its Work (``wait``, ``synchronize``, ``exception``);
-a blocking call's failure shows at the next operation of the group (its peers are gone or it
-was aborted). Streams waiting for a failed operation are released (never left hanging).
+the legacy default stream for other DLPack producers). With ``async_op=True`` the call returns
+at once: the operation starts when that stream gets there and runs in the background (its
+copies and reductions on xccl's own stream), so GPU work queued meanwhile overlaps it.
+``Work.wait()``, ``Work.synchronize()`` and a call with ``async_op=False`` return once the
+operation has finished on the GPU (the CPU waits, as with gloo's CUDA path), so any stream may
+use the results afterwards; ``Work.is_completed()`` polls. ``stream=`` on host tensors is an
+error. The copy into list outputs (all_gather, gather, all_to_all) is queued on the call's
+stream right after the operation, and ``wait()`` makes the current stream wait for it.
+
+Why the CPU waits: making a stream wait for the operation on the device (torch's NCCL
+backend's ``wait()``) needs every piece of the operation's device work queued when the stream
+starts waiting. xccl's engine queues it as the operation progresses (after its peers joined,
+mapping their buffers on first use), and the driver calls that maps or frees memory wait for
+the legacy default stream - which would then wait for the operation: a deadlock, seen on an
+H200. The C API keeps the device-side wait (``xccl_work_wait_stream``) for callers that queue
+no such work meanwhile.
 """
 
 from __future__ import annotations
@@ -284,11 +290,10 @@ def resolve(op: str, tensors: list[tuple[str, Any]], stream: Any = None) -> Opti
     return CudaCall(framework, index, handle)
 
 
-def wait_stream(cwork: Any, stream: int) -> None:
-    """CUstream `stream` waits for C Work `cwork` on the GPU (raises its error if it already
-    failed). The CPU does not wait: the core starts a later operation only once its own
-    caller's stream got there, so such waits never hold up xccl's work."""
-    cwork.wait_stream(stream)
+def wait_done(cwork: Any, timeout: Optional[float] = None) -> None:
+    """Waits on the CPU until C Work `cwork` has finished on the GPU (raises its error, or
+    the timeout's): every stream may use its results afterwards (see Streams above)."""
+    cwork.wait(timeout)
 
 
 def handle(call: Optional[CudaCall]) -> Optional[int]:

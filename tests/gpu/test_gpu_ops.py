@@ -9,7 +9,8 @@ others waiting in the next collective. An exception from xccl itself ends the ra
 
 Stream rules checked: a tensor written by a kernel on a side stream (behind a sleep kernel)
 just before the call, with stream= that side stream, is read after the kernel; results are
-consumed on the current stream after Work.wait() with no CPU synchronisation in between.
+consumed on the current stream after Work.wait() (which returns once the operation finished on
+the GPU) with no other synchronisation in between.
 """
 
 from __future__ import annotations
@@ -282,7 +283,7 @@ def _p2p(c: Checks, xccl: Any, torch: Any, rank: int, ws: int, dev: str) -> None
     for w in xccl.batch_isend_irecv(ops):
         w.wait()
     c.equal("batch_isend_irecv ring", _np(y), 2 * (base + prv))
-    # blocking pair exchange between ranks 0 and 1 (send is stream-ordered: no CPU wait)
+    # blocking pair exchange between ranks 0 and 1
     if rank in (0, 1):
         other = 1 - rank
         z = torch.empty(N, device=dev)
@@ -342,8 +343,8 @@ def _groups(c: Checks, xccl: Any, torch: Any, rank: int, ws: int, dev: str) -> N
 
 
 def _streams(c: Checks, xccl: Any, torch: Any, rank: int, ws: int, dev: str) -> None:
-    """Stream ordering and the Work methods. No CPU synchronisation between writing a tensor,
-    the call, wait() and reading the result on a stream."""
+    """Stream ordering and the Work methods: no synchronisation but xccl's own between writing
+    a tensor on a stream, the call, wait() and reading the result on a stream."""
     total = float(sum(r + 1 for r in range(ws)))
     cur = torch.cuda.current_stream()
     side = torch.cuda.Stream()
@@ -368,7 +369,7 @@ def _streams(c: Checks, xccl: Any, torch: Any, rank: int, ws: int, dev: str) -> 
     xccl.all_reduce(x, stream=side.cuda_stream)  # the call's stream (side) waits for it
     cur.wait_stream(side)
     c.equal("stream=<int handle>, blocking call", _np(x), np.full(N, total, np.float32))
-    # the current stream by default; a blocking call returns without a CPU wait
+    # the current stream by default; a blocking call returns once the operation finished
     x = torch.empty(N, device=dev)
     torch.cuda._sleep(SLEEP_CYCLES)
     x.fill_(rank + 1)

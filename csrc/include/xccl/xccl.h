@@ -300,7 +300,12 @@ typedef struct xccl_p2p_opts {
  * completes (xccl_work_test/wait report XCCL_OK) when its device work has finished.
  * xccl_work_wait_stream orders a stream of the caller after the Work without blocking the CPU;
  * a Work that fails releases such waiting streams too (its error is reported by
- * xccl_work_test/wait/status, never by the device). */
+ * xccl_work_test/wait/status, never by the device). Caveat: while such a wait holds a stream,
+ * the driver calls the operation may still need (mapping a peer's buffer on first use,
+ * allocating or freeing device memory) may wait for that stream in turn - always for the
+ * legacy default stream - and so for the operation itself: a deadlock. Use it only where the
+ * Work's device work is known to be queued (or the stream is one such calls never wait for);
+ * xccl's Python layer waits on the CPU instead (xccl.cuda, "Streams"). */
 
 /* Messages between a pair with the same tag are matched in posting order. A receive buffer
  * smaller than the message fails the receive (no truncation). peer = XCCL_ANY_SOURCE receives
