@@ -156,6 +156,7 @@ static xccl_status_t stage_out_failed(const xccl_req_t *r, xccl_status_t st)
 }
 
 static void stage_drain(xccl_ctx_t *ctx);
+static void sbuf_release(xccl_sbuf_t *b);
 
 static void ctx_free(xccl_ctx_t *ctx)
 {
@@ -199,8 +200,7 @@ static void ctx_free(xccl_ctx_t *ctx)
     while (ctx->stage_all != NULL) {
         xccl_sbuf_t *b = ctx->stage_all;
         ctx->stage_all = b->anext;
-        free(b->p);
-        free(b);
+        sbuf_release(b);
     }
     free(ctx->stage_pending);
     free(ctx->stage_mark);
@@ -926,6 +926,15 @@ static size_t stage_cap_for(size_t n)
     return c < n ? n : c;
 }
 
+/* Frees a bounce buffer no transport and no executor copy uses any more (unpinned first). */
+static void sbuf_release(xccl_sbuf_t *b)
+{
+    for (int m = 0; m < XCCL_MEM_TYPES; m++)
+        if (b->pinned & (1u << m)) xccl_exec_for((xccl_mem_type_t)m)->host_unregister(b->p);
+    free(b->p);
+    free(b);
+}
+
 static xccl_sbuf_t *sbuf_new(xccl_ctx_t *ctx, size_t cap, int pooled)
 {
     xccl_sbuf_t *b = calloc(1, sizeof(*b));
@@ -934,6 +943,15 @@ static xccl_sbuf_t *sbuf_new(xccl_ctx_t *ctx, size_t cap, int pooled)
     if (posix_memalign(&b->p, 4096, cap) != 0) {
         free(b);
         return NULL;
+    }
+    /* pinned for every device executor there is, so that its copies to and from the buffer are
+     * asynchronous (a copy of pageable memory holds the calling thread, the progress, until
+     * the device has run everything queued before it); unpinned it still works, slower */
+    for (int m = 0; m < XCCL_MEM_TYPES; m++) {
+        const xccl_exec_ops_t *ex = xccl_exec_for((xccl_mem_type_t)m);
+        if (m != XCCL_MEM_HOST && ex != NULL && ex->host_register != NULL &&
+            ex->host_register(b->p, cap) == XCCL_OK)
+            b->pinned |= 1u << m;
     }
     b->cap         = cap;
     b->pooled      = pooled;
@@ -958,8 +976,7 @@ static void sbuf_destroy(xccl_ctx_t *ctx, xccl_sbuf_t *b)
         }
     }
     if (b->pooled) ctx->stage_bytes -= b->cap;
-    free(b->p);
-    free(b);
+    sbuf_release(b);
 }
 
 /* A bounce buffer of at least n (> 0) bytes. NULL while the pool is used up (oneoff: a one-off

@@ -232,6 +232,25 @@ static xccl_status_t fdev_reduce_n(void *dst, const void *const *srcs, int k, si
     return fdev_issue(o, ev);
 }
 
+/* Pinned host memory: registrations of host ranges (staging bounce buffers), each of which
+ * must be undone before the memory is freed (checked by the test: fdev_pinned == 0 at the end,
+ * fdev_pin_calls > 0). Executor copies to and from a range are checked to stay inside it. */
+static long fdev_pinned, fdev_pin_calls;
+
+static xccl_status_t fdev_host_register(void *p, size_t nbytes)
+{
+    if (p == NULL || nbytes == 0) return XCCL_ERR_INVALID_ARG;
+    __atomic_add_fetch(&fdev_pinned, 1, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&fdev_pin_calls, 1, __ATOMIC_RELAXED);
+    return XCCL_OK;
+}
+
+static void fdev_host_unregister(void *p)
+{
+    (void)p;
+    __atomic_sub_fetch(&fdev_pinned, 1, __ATOMIC_RELAXED);
+}
+
 /* Peer access in one address space (the simulator's ranks): a blob is {magic, address,
  * bytes}; fdev_no_export makes export fail as memory a device cannot share does. */
 static int fdev_no_export;
@@ -404,6 +423,8 @@ static const xccl_exec_ops_t fdev_ops = {
     .gate_new    = fdev_gate_new,
     .gate_open   = fdev_gate_open,
     .gate_wait   = fdev_gate_wait,
+    .host_register   = fdev_host_register,
+    .host_unregister = fdev_host_unregister,
     .export_mem  = fdev_export,
     .import_mem  = fdev_import,
     .reduce_n    = fdev_reduce_n,

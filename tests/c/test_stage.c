@@ -848,6 +848,9 @@ static int child(int rank, int size, void *unused)
     dev_lock = NULL;
     CHECK_MSG(rg.bad == 0, "regtcp saw %ld unregistered or device buffers", (long)rg.bad);
     CHECK_MSG(fdev.live == 0, "executor events not released: %zu", fdev.live);
+    CHECK_MSG(fdev_pin_calls > 0 && fdev_pinned == 0,
+              "staging buffers: %ld pinned, %ld still pinned after their contexts",
+              fdev_pin_calls, fdev_pinned);
     CHECK_MSG(fgate.marks_live == 0, "%ld stream marks neither completed nor dropped",
               fgate.marks_live);
     CHECK_MSG(fgate_unbalanced() == 0, "%zu of %llu completion gates not opened exactly once",
