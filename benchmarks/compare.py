@@ -586,6 +586,18 @@ def _cell(table: Table, system: str, n: int, op: str, size: int, what: str) -> s
     return f"{_fmt_us(row['time_us'])} ({row['busbw']:.3f})"
 
 
+def checked_csv(p: argparse.ArgumentParser, text: str, valid: Sequence[str], what: str,
+                flag: str) -> list[str]:
+    """The names of a comma list, each one of `valid` (else the parser's usage error)."""
+    names = _csv(text)
+    for n in names:
+        if n not in valid:
+            p.error(f"unknown {what} {n!r}; valid: {', '.join(valid)}")
+    if not names:
+        p.error(f"{flag}: no {what} named")
+    return names
+
+
 def _md_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
@@ -1203,18 +1215,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     )
     args = p.parse_args(argv)
 
-    systems = _csv(args.systems)
-    for s in systems:
-        if s not in SYSTEMS:
-            p.error(f"unknown system {s!r}; valid: {', '.join(SYSTEMS)}")
-    if not systems:
-        p.error("--systems: no system named")
-    ops = _csv(args.ops)
-    for op in ops:
-        if op not in OPS:
-            p.error(f"unknown op {op!r}; valid: {', '.join(OPS)}")
-    if not ops:
-        p.error("--ops: no operation named")
+    systems = checked_csv(p, args.systems, SYSTEMS, "system", "--systems")
+    ops = checked_csv(p, args.ops, OPS, "op", "--ops")
     sizes = args.sizes or (QUICK_SIZES if args.quick else FULL_SIZES)
     try:
         nps = parse_nps(args.np)

@@ -686,18 +686,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Measures the copy, then every system at every rank count, then writes the report."""
     p = build_parser()
     args = p.parse_args(argv)
-    systems = _csv(args.systems)
-    for s in systems:
-        if s not in SYSTEMS:
-            p.error(f"unknown system {s!r}; valid: {', '.join(SYSTEMS)}")
-    if not systems:
-        p.error("--systems: no system named")
-    ops = _csv(args.ops)
-    for op in ops:
-        if op not in OPS:
-            p.error(f"unknown op {op!r}; valid: {', '.join(OPS)}")
-    if not ops:
-        p.error("--ops: no operation named")
+    systems = cmp.checked_csv(p, args.systems, SYSTEMS, "system", "--systems")
+    ops = cmp.checked_csv(p, args.ops, OPS, "op", "--ops")
     sizes_text = args.sizes or (QUICK_SIZES if args.quick else FULL_SIZES)
     try:
         nps = cmp.parse_nps(args.np)

@@ -30,6 +30,7 @@
 #include "algo/algo.h"
 #include "core/core.h"
 #include "ctest.h"
+#include "devp2p.h"
 #include "fake_dev.h"
 #include "xccl/xccl.h"
 #include "xccl/xccl_transport.h"
@@ -117,46 +118,6 @@ static void test_cache(void)
 
 /* ---- end to end ------------------------------------------------------------------------------ */
 
-static char             store_path[256];
-static int              store_gen;
-static pthread_mutex_t *dev_lock; /* fake_dev runs under the context's lock */
-
-static void dlock(void)
-{
-    if (dev_lock) pthread_mutex_lock(dev_lock);
-}
-static void dunlock(void)
-{
-    if (dev_lock) pthread_mutex_unlock(dev_lock);
-}
-static void *dalloc(size_t n)
-{
-    void *p;
-    dlock();
-    p = fdev_alloc(n);
-    dunlock();
-    return p;
-}
-static void dfree(void *p)
-{
-    dlock();
-    fdev_free(p);
-    dunlock();
-}
-static void *mem_alloc(xccl_mem_type_t m, size_t n)
-{
-    void *p = m == XCCL_MEM_CUDA ? dalloc(n) : malloc(n ? n : 1);
-    if (p != NULL && m != XCCL_MEM_CUDA) memset(p, 0xA5, n);
-    return p;
-}
-static void mem_free(xccl_mem_type_t m, void *p)
-{
-    if (m == XCCL_MEM_CUDA)
-        dfree(p);
-    else
-        free(p);
-}
-
 static xccl_comm_t *comm_new(int rank, int size, int64_t timeout_ms)
 {
     char         path[300];
@@ -168,53 +129,6 @@ static xccl_comm_t *comm_new(int rank, int size, int64_t timeout_ms)
     return c;
 }
 
-static uint8_t pat(int src, size_t i, int salt)
-{
-    return (uint8_t)(src * 53 + salt * 17 + (int)(i % 251) + (int)(i / 251) * 7 + 1);
-}
-/* Device memory stays open to the CPU in this test (the fake transport reads it with
- * process_vm_readv, which PROT_NONE would fail): filled and checked under the lock. */
-static void fill(void *p, size_t n, int src, int salt)
-{
-    dlock();
-    for (size_t i = 0; i < n; i++)
-        ((uint8_t *)p)[i] = pat(src, i, salt);
-    dunlock();
-}
-static int check(const void *p, size_t n, size_t cap, int src, int salt, const char *what)
-{
-    int bad = -1;
-    dlock();
-    for (size_t i = 0; i < n && bad < 0; i++)
-        if (((const uint8_t *)p)[i] != pat(src, i, salt)) bad = (int)i;
-    for (size_t i = n; i < cap && bad < 0; i++)
-        if (((const uint8_t *)p)[i] != 0xA5) bad = (int)i;
-    dunlock();
-    CHECK_MSG(bad < 0, "%s: byte %d of %zu wrong", what, bad, n);
-    return bad < 0 ? 0 : -1;
-}
-static xccl_status_t wait_ok(xccl_work_t *w, const char *what)
-{
-    xccl_status_t st = xccl_work_wait(w, 60000);
-    CHECK_MSG(st == XCCL_OK, "%s: %s (%s)", what, xccl_status_string(st), xccl_work_error(w));
-    return st;
-}
-static xccl_status_t post(xccl_comm_t *c, int send, void *buf, size_t n, int peer, uint32_t tag,
-                          xccl_mem_type_t mem, xccl_work_t **w)
-{
-    xccl_p2p_opts_t o  = {.mem = mem};
-    xccl_status_t   st = send ? xccl_isend_opts(c, buf, n, peer, tag, &o, w)
-                              : xccl_irecv_opts(c, buf, n, peer, tag, &o, w);
-
-    CHECK_MSG(st == XCCL_OK, "post: %s", xccl_last_error());
-    return st;
-}
-static void sync_all(xccl_comm_t *c)
-{
-    xccl_work_t *w = NULL;
-    CHECK(xccl_barrier(c, NULL, &w) == XCCL_OK && wait_ok(w, "barrier") == XCCL_OK);
-    if (w) xccl_work_release(w);
-}
 static void stats(xccl_comm_t *c, ipc_test_stats_t *s)
 {
     memset(s, 0, sizeof(*s));
@@ -239,36 +153,7 @@ static uint64_t staged(xccl_comm_t *c)
     return v;
 }
 
-static const size_t sizes[] = {0, 1, 7, 4096, 65537, (3u << 20) + 13};
-enum { NSIZES = sizeof(sizes) / sizeof(sizes[0]) };
 
-static void test_ring(xccl_comm_t *c, xccl_mem_type_t smem, xccl_mem_type_t rmem, int salt)
-{
-    int rank = xccl_comm_rank(c), size = xccl_comm_size(c);
-    int to = (rank + 1) % size, from = (rank + size - 1) % size;
-
-    for (int k = 0; k < NSIZES; k++) {
-        size_t       n = sizes[k], cap = n + 5;
-        void        *s = mem_alloc(smem, n), *r = mem_alloc(rmem, cap);
-        xccl_work_t *ws = NULL, *wr = NULL;
-        char         what[96];
-
-        snprintf(what, sizeof(what), "ring %s->%s n=%zu rank %d",
-                 smem == XCCL_MEM_CUDA ? "dev" : "host", rmem == XCCL_MEM_CUDA ? "dev" : "host", n,
-                 rank);
-        fill(s, n, rank, salt + k);
-        if (post(c, 0, r, cap, from, 10 + (uint32_t)k, rmem, &wr) == XCCL_OK &&
-            post(c, 1, s, n, to, 10 + (uint32_t)k, smem, &ws) == XCCL_OK &&
-            wait_ok(ws, what) == XCCL_OK && wait_ok(wr, what) == XCCL_OK) {
-            CHECK_MSG(xccl_work_source(wr) == from, "%s: source %d", what, xccl_work_source(wr));
-            (void)check(r, n, cap, from, salt + k, what);
-        }
-        if (ws) xccl_work_release(ws);
-        if (wr) xccl_work_release(wr);
-        mem_free(smem, s);
-        mem_free(rmem, r);
-    }
-}
 
 /* Rank 0 sends every size to rank 1 before rank 1 posts its receives, then a host "go" on the
  * same connection: the large ones are deferred by the core, then staged. */
@@ -353,103 +238,8 @@ static void test_held(xccl_comm_t *c)
     dfree(b);
 }
 
-static void test_any_source(xccl_comm_t *c)
-{
-    int          rank = xccl_comm_rank(c), size = xccl_comm_size(c);
-    size_t       cap      = (1u << 20) + 64;
-    xccl_work_t *w[64]    = {0};
-    void        *b[64]    = {0};
-    int          seen[64] = {0};
 
-    if (rank == 0) {
-        for (int q = 1; q < size; q++) {
-            b[q] = dalloc(cap);
-            (void)post(c, 0, b[q], cap, XCCL_ANY_SOURCE, 60, XCCL_MEM_CUDA, &w[q]);
-        }
-        for (int q = 1; q < size; q++) {
-            int src;
-            if (w[q] == NULL || wait_ok(w[q], "any-source") != XCCL_OK) continue;
-            src = xccl_work_source(w[q]);
-            CHECK_MSG(src >= 1 && src < size && !seen[src], "any-source: source %d", src);
-            if (src < 1 || src >= size || seen[src]) continue;
-            seen[src] = 1;
-            (void)check(b[q], (1u << 20) - (size_t)src * 1000, cap, src, 61, "any-source");
-        }
-    } else {
-        size_t n = (1u << 20) - (size_t)rank * 1000;
-        b[0]     = dalloc(n);
-        fill(b[0], n, rank, 61);
-        if (post(c, 1, b[0], n, 0, 60, XCCL_MEM_CUDA, &w[0]) == XCCL_OK)
-            (void)wait_ok(w[0], "any-source: send");
-    }
-    for (int q = 0; q < 64; q++) {
-        if (w[q]) xccl_work_release(w[q]);
-        if (b[q]) dfree(b[q]);
-    }
-}
 
-static float val(int r, size_t i)
-{
-    return (float)((r + 1) * 100 + (int)(i % 97));
-}
-
-static void test_colls(xccl_comm_t *c)
-{
-    static const size_t      counts[] = {0, 1, 33, 5000, 300001};
-    static const xccl_coll_t colls[]  = {XCCL_COLL_ALLREDUCE, XCCL_COLL_ALLGATHER};
-    int                      rank = xccl_comm_rank(c), size = xccl_comm_size(c);
-
-    for (size_t ci = 0; ci < sizeof(counts) / sizeof(counts[0]); ci++) {
-        for (int k = 0; k < 2; k++) {
-            const xccl_algo_t *const *algos = xccl_algo_list(colls[k]);
-            for (int ai = 0; algos[ai] != NULL; ai++) {
-                size_t           n = counts[ci], tot = n * (size_t)size;
-                xccl_coll_args_t probe = {
-                    .coll = colls[k], .count = n, .dtype = XCCL_FLOAT32, .elsize = 4};
-                xccl_coll_opts_t opts = {.algo = algos[ai]->name, .mem = XCCL_MEM_CUDA};
-                float           *s, *r;
-                xccl_work_t     *w = NULL;
-                xccl_status_t    st;
-                char             what[128];
-                int              bad = -1;
-
-                if (algos[ai]->applicable && !algos[ai]->applicable(&probe, size)) continue;
-                if (algos[ai]->shared) continue; /* one-host algorithms use no transport */
-                snprintf(what, sizeof(what), "rank %d/%d %s/%s n=%zu", rank, size,
-                         xccl_coll_name(colls[k]), algos[ai]->name, n);
-                s = dalloc((tot + 1) * 4);
-                r = dalloc((tot + 1) * 4);
-                dlock();
-                for (size_t i = 0; i < n; i++)
-                    s[i] = val(rank, i);
-                for (size_t i = 0; i < tot; i++)
-                    r[i] = -7;
-                dunlock();
-                st = colls[k] == XCCL_COLL_ALLREDUCE
-                         ? xccl_allreduce(c, s, r, n, XCCL_FLOAT32, XCCL_OP_SUM, &opts, &w)
-                         : xccl_allgather(c, s, r, n, XCCL_FLOAT32, &opts, &w);
-                if (st == XCCL_OK) st = xccl_work_wait(w, 60000);
-                CHECK_MSG(st == XCCL_OK, "%s: %s", what,
-                          w ? xccl_work_error(w) : xccl_last_error());
-                dlock();
-                for (size_t i = 0; st == XCCL_OK && i < (k == 0 ? n : tot) && bad < 0; i++) {
-                    float want = 0;
-                    if (k == 0)
-                        for (int q = 0; q < size; q++)
-                            want += val(q, i);
-                    else
-                        want = val((int)(i / n), i % n);
-                    if (r[i] != want) bad = (int)i;
-                }
-                dunlock();
-                CHECK_MSG(bad < 0, "%s: element %d wrong", what, bad);
-                if (w) xccl_work_release(w);
-                dfree(s);
-                dfree(r);
-            }
-        }
-    }
-}
 
 /* Host and device messages, one tag, interleaved from rank 0 to rank 1: matched in posting
  * order (message k carries salt k and a size of its own). */
@@ -548,7 +338,8 @@ static int child(int rank, int size, void *arg)
     int              nolegacy = mode == 1;
 
     (void)size;
-    fdev_open(1); /* see fill() */
+    devp2p_keep_open = 1; /* the fake transport reads peers with process_vm_readv */
+    fdev_open(1);
     CHECK(xccl_exec_set_for_test(XCCL_MEM_CUDA, &fdev_ops) == NULL);
     fdev.rng = 1 + (uint64_t)rank;
     c        = comm_new(rank, size, 60000);
@@ -571,7 +362,7 @@ static int child(int rank, int size, void *arg)
     sync_all(c);
     test_mixed_order(c);
     sync_all(c);
-    test_colls(c);
+    test_colls(c, 1);
     sync_all(c);
     if (mode == 0 || mode == 3) {
         test_cache_reuse(c);
@@ -628,6 +419,7 @@ static int child_kill(int rank, int size, void *arg)
     int64_t       t0;
 
     (void)arg;
+    devp2p_keep_open = 1;
     fdev_open(1);
     CHECK(xccl_exec_set_for_test(XCCL_MEM_CUDA, &fdev_ops) == NULL);
     setenv("XCCL_DEFER_MS", "600000", 1); /* rank 1 holds the descriptor until it dies */
@@ -675,6 +467,7 @@ static int child_copy_kill(int rank, int size, void *arg)
     uint8_t      note = 0;
 
     (void)arg;
+    devp2p_keep_open = 1;
     fdev_open(1);
     CHECK(xccl_exec_set_for_test(XCCL_MEM_CUDA, &fdev_ops) == NULL);
     c = comm_new(rank, size, 20000);
@@ -730,6 +523,7 @@ static int child_timeout(int rank, int size, void *arg)
     pthread_mutex_t *la;
 
     (void)arg;
+    devp2p_keep_open = 1;
     fdev_open(1);
     CHECK(xccl_exec_set_for_test(XCCL_MEM_CUDA, &fdev_ops) == NULL);
     a  = comm_new(rank, size, 30000);
