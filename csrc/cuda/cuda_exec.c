@@ -440,6 +440,15 @@ static void cu_free(void *p)
     CUresult rc;
 
     if (p == NULL || xccl_cuda_enter() != XCCL_OK) return;
+    /* a copy still queued on xccl's stream may use it (an operation that failed or timed out
+     * before its transfers into scratch finished): wait for the stream first. It always
+     * drains - xccl's stream never waits for a caller's stream - and cuMemFree would wait for
+     * the device anyway */
+    rc = xccl_cu.StreamSynchronize(xccl_cuda_stream());
+    if (rc != CUDA_SUCCESS) {
+        xccl_cuda_fail(rc, "cuStreamSynchronize (before cuMemFree)");
+        XCCL_WARN("%s", xccl_last_error());
+    }
     rc = xccl_cu.MemFree((CUdeviceptr)(uintptr_t)p);
     if (rc != CUDA_SUCCESS) {
         xccl_cuda_fail(rc, "cuMemFree");
