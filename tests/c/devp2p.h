@@ -3,7 +3,8 @@
  * devp2p.h - what the tests of device memory between forked ranks share (test_stage.c: staging
  * through host transports; test_cuda_ipc.c: the cuda_ipc transport): fake device memory of
  * fake_dev.h used under the context's lock, byte patterns per sender, posting and waiting, and
- * the scenarios both run - a ring of sizes between memory types, any-source receives, and
+ * the scenarios both run - a ring of sizes between memory types, unexpected messages,
+ * any-source receives, and
  * allreduce/allgather with every applicable algorithm. Results are compared with values
  * computed from the rank and index. One translation unit per program (everything static);
  * include after fake_dev.h and ctest.h.
@@ -176,6 +177,45 @@ static void test_ring(xccl_comm_t *c, xccl_mem_type_t smem, xccl_mem_type_t rmem
         if (wr) xccl_work_release(wr);
         mem_free(smem, s);
         mem_free(rmem, r);
+    }
+}
+
+/* Rank 0 sends every size to rank 1, then a host "go" on the same connection, and only then
+ * does rank 1 post its device receives: the messages arrive unexpected (held back in the
+ * transport a while, or staged as such). */
+static void test_unexpected(xccl_comm_t *c)
+{
+    int          rank = xccl_comm_rank(c);
+    void        *b[NSIZES];
+    xccl_work_t *w[NSIZES] = {0}, *g = NULL;
+    uint8_t      go = 1;
+
+    if (rank > 1) return;
+    for (int k = 0; k < NSIZES; k++) {
+        b[k] = dalloc(sizes[k] + 3);
+        if (rank == 0) fill(b[k], sizes[k], 0, 40 + k);
+    }
+    if (rank == 0) {
+        for (int k = 0; k < NSIZES; k++)
+            (void)post(c, 1, b[k], sizes[k], 1, 40, XCCL_MEM_CUDA, &w[k]);
+        if (xccl_isend(c, &go, 1, 1, 49, &g) == XCCL_OK) (void)wait_ok(g, "unexpected: go");
+        for (int k = 0; k < NSIZES; k++)
+            if (w[k]) (void)wait_ok(w[k], "unexpected: send");
+    } else {
+        if (xccl_irecv(c, &go, 1, 0, 49, &g) == XCCL_OK) (void)wait_ok(g, "unexpected: go");
+        for (int k = 0; k < NSIZES; k++)
+            (void)post(c, 0, b[k], sizes[k] + 3, 0, 40, XCCL_MEM_CUDA, &w[k]);
+        for (int k = 0; k < NSIZES; k++) {
+            char what[64];
+            snprintf(what, sizeof(what), "unexpected n=%zu", sizes[k]);
+            if (w[k] && wait_ok(w[k], what) == XCCL_OK)
+                (void)check(b[k], sizes[k], sizes[k] + 3, 0, 40 + k, what);
+        }
+    }
+    if (g) xccl_work_release(g);
+    for (int k = 0; k < NSIZES; k++) {
+        if (w[k]) xccl_work_release(w[k]);
+        dfree(b[k]);
     }
 }
 

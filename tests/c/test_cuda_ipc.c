@@ -153,50 +153,6 @@ static uint64_t staged(xccl_comm_t *c)
     return v;
 }
 
-
-
-/* Rank 0 sends every size to rank 1 before rank 1 posts its receives, then a host "go" on the
- * same connection: the large ones are deferred by the core, then staged. */
-static void test_unexpected(xccl_comm_t *c)
-{
-    int          rank = xccl_comm_rank(c);
-    void        *b[NSIZES];
-    xccl_work_t *w[NSIZES] = {0}, *g = NULL;
-    uint8_t      go = 1;
-
-    if (rank > 1) return;
-    for (int k = 0; k < NSIZES; k++) {
-        b[k] = dalloc(sizes[k] + 3);
-        if (rank == 0) fill(b[k], sizes[k], 0, 40 + k);
-    }
-    if (rank == 0) {
-        for (int k = 0; k < NSIZES; k++)
-            (void)post(c, 1, b[k], sizes[k], 1, 40, XCCL_MEM_CUDA, &w[k]);
-        if (xccl_isend(c, &go, 1, 1, 49, &g) == XCCL_OK) (void)wait_ok(g, "unexpected: go");
-        for (int k = 0; k < NSIZES; k++)
-            if (w[k]) (void)wait_ok(w[k], "unexpected: send");
-    } else {
-        if (xccl_irecv(c, &go, 1, 0, 49, &g) == XCCL_OK) (void)wait_ok(g, "unexpected: go");
-        dlock();
-        for (int k = 0; k < NSIZES; k++)
-            memset(b[k], 0xA5, sizes[k] + 3);
-        dunlock();
-        for (int k = 0; k < NSIZES; k++)
-            (void)post(c, 0, b[k], sizes[k] + 3, 0, 40, XCCL_MEM_CUDA, &w[k]);
-        for (int k = 0; k < NSIZES; k++) {
-            char what[64];
-            snprintf(what, sizeof(what), "unexpected n=%zu", sizes[k]);
-            if (w[k] && wait_ok(w[k], what) == XCCL_OK)
-                (void)check(b[k], sizes[k], sizes[k] + 3, 0, 40 + k, what);
-        }
-    }
-    if (g) xccl_work_release(g);
-    for (int k = 0; k < NSIZES; k++) {
-        if (w[k]) xccl_work_release(w[k]);
-        dfree(b[k]);
-    }
-}
-
 /* With XCCL_DEFER_MS large: a 1 MiB device message waits (held by the transport) until rank 1
  * posts its receive; a host message sent after it waits behind it and matches after it. */
 static void test_held(xccl_comm_t *c)
@@ -237,9 +193,6 @@ static void test_held(xccl_comm_t *c)
     if (w2) xccl_work_release(w2);
     dfree(b);
 }
-
-
-
 
 /* Host and device messages, one tag, interleaved from rank 0 to rank 1: matched in posting
  * order (message k carries salt k and a size of its own). */

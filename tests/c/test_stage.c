@@ -160,13 +160,6 @@ static xccl_comm_t *comm_new(int rank, int size, const char *tps)
     return c;
 }
 
-
-
-
-
-
-
-
 static uint64_t ctx_stat(xccl_comm_t *c, int which)
 {
     xccl_ctx_t *ctx = c->ctx;
@@ -179,50 +172,6 @@ static uint64_t ctx_stat(xccl_comm_t *c, int which)
 }
 
 /* ---- tests ---------------------------------------------------------------------------------- */
-
-
-
-/* Rank 0 sends every size to rank 1 and only then does rank 1 post its device receives: the
- * messages arrive unexpected (staged as such, or held back in the transport a while). */
-static void test_unexpected(xccl_comm_t *c)
-{
-    int          rank = xccl_comm_rank(c);
-    void        *b[NSIZES];
-    xccl_work_t *w[NSIZES] = {0}, *g = NULL;
-    uint8_t      go = 1;
-
-    if (rank > 1) return;
-    for (int k = 0; k < NSIZES; k++) {
-        b[k] = dalloc(sizes[k] + 3);
-        if (rank == 0) fill(b[k], sizes[k], 0, 40 + k);
-    }
-    if (rank == 0) {
-        for (int k = 0; k < NSIZES; k++)
-            (void)post(c, 1, b[k], sizes[k], 1, 40, XCCL_MEM_CUDA, &w[k]);
-        for (int k = 0; k < NSIZES; k++)
-            if (w[k]) (void)wait_ok(w[k], "unexpected: send");
-        /* after the data on the same connection */
-        if (xccl_isend(c, &go, 1, 1, 49, &g) == XCCL_OK) (void)wait_ok(g, "unexpected: go");
-    } else {
-        if (xccl_irecv(c, &go, 1, 0, 49, &g) == XCCL_OK) (void)wait_ok(g, "unexpected: go");
-        for (int k = 0; k < NSIZES; k++)
-            (void)post(c, 0, b[k], sizes[k] + 3, 0, 40, XCCL_MEM_CUDA, &w[k]);
-        for (int k = 0; k < NSIZES; k++) {
-            char what[64];
-            snprintf(what, sizeof(what), "unexpected n=%zu", sizes[k]);
-            if (w[k] && wait_ok(w[k], what) == XCCL_OK)
-                (void)check(b[k], sizes[k], sizes[k] + 3, 0, 40 + k, what);
-        }
-    }
-    if (g) xccl_work_release(g);
-    for (int k = 0; k < NSIZES; k++) {
-        if (w[k]) xccl_work_release(w[k]);
-        dfree(b[k]);
-    }
-}
-
-
-
 
 /* Streams (exec.h): an operation on device memory is ordered after the caller's stream before
  * it queues anything and takes a gate when posted, which opens exactly once however it ends;
