@@ -33,37 +33,13 @@ xccl_status_t ipc_dev_cuda_usable(void)
 static xccl_status_t cu_ptr_info(const void *ptr, size_t n, uint64_t *base, uint64_t *size,
                                  uint64_t *buf_id, int *ipc_ok)
 {
-    CUdeviceptr        b      = 0;
-    size_t             sz     = 0;
-    unsigned long long id     = 0;
-    int                legacy = 0; /* the driver writes a bool or an int: either reads != 0 */
-    CUresult           rc;
-    const char        *what = "cuMemGetAddressRange";
-
-    XCCL_CHECK(xccl_cuda_enter());
-    rc = xccl_cu.MemGetAddressRange(&b, &sz, (CUdeviceptr)(uintptr_t)ptr);
-    if (rc == CUDA_SUCCESS) {
-        what = "the buffer id";
-        rc   = xccl_cu.PointerGetAttribute(&id, CU_POINTER_ATTRIBUTE_BUFFER_ID,
-                                           (CUdeviceptr)(uintptr_t)ptr);
+    if (xccl_cuda_alloc_info(ptr, base, size, buf_id, ipc_ok) != XCCL_OK) {
+        XCCL_INFO("cuda_ipc: %p: %s: sent through host memory", ptr, xccl_last_error());
+        *base   = (uint64_t)(uintptr_t)ptr;
+        *size   = n;
+        *buf_id = 0;
+        *ipc_ok = 0;
     }
-    if (rc == CUDA_SUCCESS) {
-        what = "the IPC capability";
-        rc   = xccl_cu.PointerGetAttribute(&legacy, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
-                                           (CUdeviceptr)(uintptr_t)ptr);
-    }
-    if (rc != CUDA_SUCCESS) {
-        const char *name = NULL;
-        if (xccl_cu.GetErrorName(rc, &name) != CUDA_SUCCESS || name == NULL) name = "?";
-        XCCL_INFO("cuda_ipc: %s of %p: %s: sent through host memory", what, ptr, name);
-        b      = (CUdeviceptr)(uintptr_t)ptr;
-        sz     = n;
-        legacy = 0;
-    }
-    *base   = (uint64_t)b;
-    *size   = (uint64_t)sz;
-    *buf_id = (uint64_t)id;
-    *ipc_ok = legacy != 0;
     return XCCL_OK;
 }
 
@@ -93,17 +69,6 @@ static xccl_status_t cu_import(int32_t pid, const uint8_t handle[IPC_HANDLE_BYTE
     return XCCL_OK;
 }
 
-static void cu_close(void *mapped)
-{
-    CUresult rc;
-
-    if (xccl_cuda_enter() != XCCL_OK) return;
-    rc = xccl_cu.IpcCloseMemHandle((CUdeviceptr)(uintptr_t)mapped);
-    if (rc != CUDA_SUCCESS) {
-        (void)xccl_cuda_fail(rc, "cuda_ipc: cuIpcCloseMemHandle");
-        XCCL_WARN("%s", xccl_last_error());
-    }
-}
 
 static xccl_status_t cu_copy(void *dst, const void *src, size_t n, int32_t src_pid)
 {
@@ -186,7 +151,7 @@ const ipc_dev_ops_t ipc_dev_cuda = {
     .ptr_info      = cu_ptr_info,
     .export_handle = cu_export,
     .import_handle = cu_import,
-    .close_handle  = cu_close,
+    .close_handle  = xccl_cuda_ipc_close,
     .copy          = cu_copy,
     .event_record  = cu_record,
     .event_test    = cu_test,

@@ -159,6 +159,40 @@ const char *xccl_cuda_load_error(void)
     return load_err;
 }
 
+xccl_status_t xccl_cuda_alloc_info(const void *ptr, uint64_t *base, uint64_t *size,
+                                   uint64_t *buf_id, int *ipc_ok)
+{
+    CUdeviceptr        b = 0, p = (CUdeviceptr)(uintptr_t)ptr;
+    size_t             sz = 0;
+    unsigned long long id = 0;
+    int                legacy = 0; /* the driver writes a one-byte bool: read != 0 */
+
+    XCCL_CHECK(xccl_cuda_enter());
+    XCCL_CU_CHECK(xccl_cu.MemGetAddressRange(&b, &sz, p), "cuMemGetAddressRange");
+    XCCL_CU_CHECK(xccl_cu.PointerGetAttribute(&id, CU_POINTER_ATTRIBUTE_BUFFER_ID, p),
+                  "the buffer id (cuPointerGetAttribute)");
+    XCCL_CU_CHECK(xccl_cu.PointerGetAttribute(&legacy,
+                                              CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, p),
+                  "the IPC capability (cuPointerGetAttribute)");
+    *base   = (uint64_t)b;
+    *size   = (uint64_t)sz;
+    *buf_id = (uint64_t)id;
+    *ipc_ok = legacy != 0;
+    return XCCL_OK;
+}
+
+void xccl_cuda_ipc_close(void *mapped)
+{
+    CUresult rc;
+
+    if (xccl_cuda_enter() != XCCL_OK) return;
+    rc = xccl_cu.IpcCloseMemHandle((CUdeviceptr)(uintptr_t)mapped);
+    if (rc != CUDA_SUCCESS) {
+        (void)xccl_cuda_fail(rc, "cuIpcCloseMemHandle");
+        XCCL_WARN("%s", xccl_last_error());
+    }
+}
+
 xccl_status_t xccl_cuda_fail(CUresult rc, const char *what)
 {
     const char *en = NULL, *es = NULL;

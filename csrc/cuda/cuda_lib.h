@@ -100,6 +100,15 @@ xccl_status_t xccl_cuda_fail(CUresult rc, const char *what);
         if (cu_rc_ != CUDA_SUCCESS) return xccl_cuda_fail(cu_rc_, (what));                        \
     } while (0)
 
+/* The allocation holding ptr: its range, its buffer id (never reused in a process) and whether
+ * legacy IPC can export it (0: e.g. a cudaMallocAsync pool or a VMM allocation). XCCL_ERR_CUDA
+ * (the error set, naming what the driver could not tell) for memory it cannot describe. Both
+ * users of IPC handles ask it: the cuda_ipc transport and the executor's peer access. */
+xccl_status_t xccl_cuda_alloc_info(const void *ptr, uint64_t *base, uint64_t *size,
+                                   uint64_t *buf_id, int *ipc_ok);
+/* Closes a mapping cuIpcOpenMemHandle made (a failure is logged: nothing else to do). */
+void xccl_cuda_ipc_close(void *mapped);
+
 /* Events without timing, recycled: get returns one ready to record (NULL and the error set
  * when the driver fails); put gives it back (it may still be pending: it is only re-recorded). */
 CUevent xccl_cuda_event_get(void);

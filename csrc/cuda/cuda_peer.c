@@ -47,14 +47,8 @@ static int             caches_ready;
 
 static void close_mapping(void *arg, void *mapped)
 {
-    CUresult rc;
-
     (void)arg;
-    rc = xccl_cu.IpcCloseMemHandle((CUdeviceptr)(uintptr_t)mapped);
-    if (rc != CUDA_SUCCESS) {
-        (void)xccl_cuda_fail(rc, "cuIpcCloseMemHandle");
-        XCCL_WARN("%s", xccl_last_error());
-    }
+    xccl_cuda_ipc_close(mapped);
 }
 
 static void caches_init(void)
@@ -67,27 +61,16 @@ static void caches_init(void)
 
 xccl_status_t xccl_cuda_export_mem(const void *ptr, size_t nbytes, void *blob, size_t *len)
 {
-    CUpointer_attribute attrs[] = {CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
-                                   CU_POINTER_ATTRIBUTE_RANGE_SIZE};
-    CUdeviceptr         base = 0;
-    size_t              size = 0;
-    unsigned long long  id   = 0;
-    int                 ipc  = 0; /* the driver writes a one-byte bool into it */
-    void               *vals[] = {&base, &size};
-    peer_blob_t         b;
-    ipc_entry_t        *e;
-    CUresult            rc;
-    uintptr_t           p = (uintptr_t)ptr;
+    uint64_t     base = 0, size = 0, id = 0;
+    int          ipc  = 0;
+    peer_blob_t  b;
+    ipc_entry_t *e;
+    CUresult     rc;
+    uintptr_t    p = (uintptr_t)ptr;
 
-    XCCL_CHECK(xccl_cuda_enter());
     /* memory the driver cannot describe, or legacy IPC cannot export: the caller falls back */
-    rc = xccl_cu.PointerGetAttributes(2, attrs, vals, (CUdeviceptr)p);
-    if (rc == CUDA_SUCCESS)
-        rc = xccl_cu.PointerGetAttribute(&id, CU_POINTER_ATTRIBUTE_BUFFER_ID, (CUdeviceptr)p);
-    if (rc == CUDA_SUCCESS)
-        rc = xccl_cu.PointerGetAttribute(&ipc, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
-                                         (CUdeviceptr)p);
-    if (rc != CUDA_SUCCESS || !ipc || size == 0 || p < base || p + nbytes > base + size)
+    if (xccl_cuda_alloc_info(ptr, &base, &size, &id, &ipc) != XCCL_OK || !ipc || size == 0 ||
+        p < base || p + nbytes > base + size)
         return XCCL_ERR_NOT_SUPPORTED;
     memset(&b, 0, sizeof(b));
     b.magic  = BLOB_MAGIC;
@@ -101,7 +84,7 @@ xccl_status_t xccl_cuda_export_mem(const void *ptr, size_t nbytes, void *blob, s
     e = ipc_cache_get(&exported, -1, id, base, size);
     if (e == NULL) {
         CUipcMemHandle h;
-        rc = xccl_cu.IpcGetMemHandle(&h, base);
+        rc = xccl_cu.IpcGetMemHandle(&h, (CUdeviceptr)base);
         if (rc != CUDA_SUCCESS) {
             pthread_mutex_unlock(&mu);
             /* e.g. memory of a context without IPC: not shareable rather than an error */
