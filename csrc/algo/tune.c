@@ -128,6 +128,8 @@ static int keyval(const char *f, size_t n, const char *key, const char **v, size
     return 1;
 }
 
+/* A table's byte counts are plain decimal integers (xccl-tune writes them; unlike $XCCL_ALGO's,
+ * no suffixes). */
 static int parse_size(const char *s, size_t n, size_t *out)
 {
     char               buf[32], *e;
@@ -136,10 +138,6 @@ static int parse_size(const char *s, size_t n, size_t *out)
     if (n == 0 || n >= sizeof(buf) || !isdigit((unsigned char)s[0])) return -1;
     memcpy(buf, s, n);
     buf[n] = '\0';
-    if (strcmp(buf, "inf") == 0) {
-        *out = SIZE_MAX;
-        return 0;
-    }
     errno = 0;
     v     = strtoull(buf, &e, 10);
     if (errno != 0 || *e != '\0' || v > SIZE_MAX) return -1;
