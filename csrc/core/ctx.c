@@ -944,10 +944,11 @@ static xccl_sbuf_t *sbuf_new(xccl_ctx_t *ctx, size_t cap, int pooled)
         free(b);
         return NULL;
     }
-    /* pinned for every device executor there is, so that its copies to and from the buffer are
-     * asynchronous (a copy of pageable memory holds the calling thread, the progress, until
-     * the device has run everything queued before it); unpinned it still works, slower */
-    for (int m = 0; m < XCCL_MEM_TYPES; m++) {
+    /* a pooled buffer is pinned for every device executor there is, so that its copies to and
+     * from the buffer are asynchronous (a copy of pageable memory holds the calling thread, the
+     * progress, until the device has run everything queued before it); a one-off buffer is
+     * used once, and pinning it would cost more than that copy */
+    for (int m = 0; pooled && m < XCCL_MEM_TYPES; m++) {
         const xccl_exec_ops_t *ex = xccl_exec_for((xccl_mem_type_t)m);
         if (m != XCCL_MEM_HOST && ex != NULL && ex->host_register != NULL &&
             ex->host_register(b->p, cap) == XCCL_OK)
