@@ -803,10 +803,18 @@ void xccl_work_ready_drop(xccl_work_t *w)
     const xccl_exec_ops_t *ex = w->task.exec;
 
     if (w->ready_ev == NULL) return;
-    if (ex->drop_event != NULL) ex->drop_event(w->ready_ev);
-    else
-        while (ex->test(w->ready_ev) == XCCL_INPROGRESS) xccl_cpu_relax();
+    ex->drop_event(w->ready_ev); /* an executor with order_after has it (exec.h) */
     w->ready_ev = NULL;
+}
+
+/* Finishes a p2p Work whose request never reached a transport, with the thread's last error
+ * in its message. Lock held. */
+static void p2p_fail(xccl_work_t *w, xccl_status_t st)
+{
+    char msg[800];
+
+    w->req->state = REQ_DONE;
+    xccl_work_finish(w, st, xccl_p2p_error(w, xccl_last_error(), msg, sizeof(msg)));
 }
 
 /* Posts a p2p Work's request (lock held); a failed post finishes the Work. */
@@ -815,11 +823,7 @@ static void p2p_start(xccl_ctx_t *ctx, xccl_work_t *w)
     xccl_req_t   *r  = w->req;
     xccl_status_t st = r->kind == REQ_SEND ? xccl_req_post_send(ctx, r) : xccl_req_post_recv(ctx, r);
 
-    if (st < 0) {
-        char msg[800];
-        r->state = REQ_DONE;
-        xccl_work_finish(w, st, xccl_p2p_error(w, xccl_last_error(), msg, sizeof(msg)));
-    }
+    if (st < 0) p2p_fail(w, st);
 }
 
 int xccl_p2p_hold_progress(xccl_ctx_t *ctx)
@@ -836,9 +840,7 @@ int xccl_p2p_hold_progress(xccl_ctx_t *ctx)
         w->held      = 0;
         n++;
         if (st < 0) {
-            char msg[800];
-            w->req->state = REQ_DONE;
-            xccl_work_finish(w, st, xccl_p2p_error(w, xccl_last_error(), msg, sizeof(msg)));
+            p2p_fail(w, st);
             continue;
         }
         w->t_start = xccl_now_ns();

@@ -57,8 +57,8 @@ typedef struct xccl_exec_ops {
      * operation - its first copy, its first transfer - only once the event has completed: the
      * device never waits for a caller's stream on the executor's queue, because that stream
      * may itself wait (gate_wait) for an earlier operation whose remaining work would then
-     * queue behind the wait. drop_event gives up an event without waiting for it (an
-     * operation that failed or timed out before its stream got there).
+     * queue behind the wait. drop_event, required with order_after, gives up an event without
+     * waiting for it (an operation that failed or timed out before its stream got there).
      * Called when an operation on this memory type is posted. */
     xccl_status_t (*order_after)(void *stream, void **ev);
     void (*drop_event)(void *ev);

@@ -60,7 +60,7 @@ void xccl_work_release(xccl_work_t *w)
 {
     if (w == NULL || atomic_fetch_sub(&w->refcount, 1) != 1) return;
     /* a Work that failed while being posted never finished */
-    if (w->ready_ev != NULL) xccl_work_ready_drop(w);
+    xccl_work_ready_drop(w);
     gate_open(w);
     if (w->kind == WORK_COLL) xccl_coll_free(w);
     free_reqs(w->task.reqs);
