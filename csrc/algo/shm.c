@@ -68,17 +68,6 @@ int shm_usable(const xccl_coll_args_t *a, int cma)
 xccl_status_t shm_begin(xccl_task_t *t, int id, shm_t *x)
 {
     const xccl_coll_args_t *a = xccl_task_args(t);
-
-    if (a->mem != XCCL_MEM_HOST)
-        return XCCL_ERROR(XCCL_ERR_NOT_SUPPORTED,
-                          "%s: the one-host algorithms move host memory only (memory type %d)",
-                          xccl_coll_name(a->coll), (int)a->mem);
-    return shm_begin_mem(t, id, x);
-}
-
-xccl_status_t shm_begin_mem(xccl_task_t *t, int id, shm_t *x)
-{
-    const xccl_coll_args_t *a = xccl_task_args(t);
     xccl_shared_t           sh;
     xccl_status_t           st;
     int                     n = xccl_task_size(t);

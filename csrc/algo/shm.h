@@ -106,10 +106,9 @@ size_t shm_segment_bytes(int n);
 int shm_usable(const xccl_coll_args_t *a, int cma);
 
 /* Starts a progress call: XCCL_OK with *x filled once the segment is granted, XCCL_INPROGRESS
- * before, an error for device memory. `id` identifies the algorithm in signatures. */
+ * before. `id` identifies the algorithm in signatures. (Which memory an algorithm takes is its
+ * `applicable`'s business: shm_usable for the host-memory ones.) */
 xccl_status_t shm_begin(xccl_task_t *t, int id, shm_t *x);
-/* The same for algorithms that take buffers of any memory type (shm_dev.c). */
-xccl_status_t shm_begin_mem(xccl_task_t *t, int id, shm_t *x);
 
 /* Waits (cursor in st[SHM_CURSOR], reset to 0 when it returns XCCL_OK) until every rank's done
  * is at least e - min_lag: 2 before writing parity p (the reuse rule), 0 at completion. A peer
@@ -143,8 +142,5 @@ enum {
     SHM_ID_DEV  = 32  /* + coll: the device-memory algorithms of shm_dev.c                */
 };
 
-/* "devmap" where shm_dev.c's algorithms can run these arguments: device memory its executor
- * can share between processes, a segment. */
-int dev_applicable(const xccl_coll_args_t *a, int size);
 
 #endif /* XCCL_ALGO_SHM_H */

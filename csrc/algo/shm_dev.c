@@ -64,7 +64,8 @@ _Static_assert(sizeof(dev_slot_t) <= SHM_SLOT_BYTES, "dev_slot_t outgrew a slot"
 /* State words: st[SHM_PHASE], st[SHM_CURSOR] (shm.h). */
 enum { PH_PUBLISH = 0, PH_PEERS, PH_WORK, PH_FALLBACK, PH_DONE };
 
-int dev_applicable(const xccl_coll_args_t *a, int size)
+/* device memory its executor can share between processes, a segment */
+static int dev_applicable(const xccl_coll_args_t *a, int size)
 {
     (void)size;
     if (a->coll == XCCL_COLL_ALLTOALLV || a->coll == XCCL_COLL_BARRIER) return 0;
@@ -237,7 +238,7 @@ static xccl_status_t dev_progress(xccl_task_t *t)
     shm_t         x;
     xccl_status_t st;
 
-    SHM_TRY(shm_begin_mem(t, SHM_ID_DEV + (int)xccl_task_args(t)->coll, &x));
+    SHM_TRY(shm_begin(t, SHM_ID_DEV + (int)xccl_task_args(t)->coll, &x));
     if (x.size > DEV_MAX_RANKS)
         return XCCL_ERROR(XCCL_ERR_NOT_SUPPORTED, "devmap: %d ranks (at most %d)", x.size,
                           DEV_MAX_RANKS);
