@@ -20,9 +20,10 @@
  * Control messages (DESC, ACK, NACK) have the reserved communicator id IPC_COMM, which the
  * receiving wrapper takes out before the core sees anything. ACKs are taken even while a
  * deferred descriptor holds its peer's other messages back (they are not ordered data).
- * The sender waits for its event before it sends the descriptor: the event follows the work
- * the caller queued (the executor's order_after made xccl's stream wait for the caller's), so
- * once it completed the data is in memory and the receiver may copy it on its own stream.
+ * The sender waits for its event before it sends the descriptor: the core posts a send only
+ * once the caller's stream reached the operation (exec.h order_after), and the event, recorded
+ * on xccl's stream, follows whatever xccl itself queued for the buffer; once it completed the
+ * data is in memory and the receiver may copy it on its own stream.
  *
  * Sends leave in posting order: a device send whose event has not completed holds back every
  * later send to that peer (sq). Memory legacy IPC cannot export (cudaMallocAsync pools, VMM

@@ -36,9 +36,9 @@ xccl_status_t xccl_cuda_reduce_n(void *dst, const void *const *srcs, int k, size
                                  xccl_dtype_t dtype, xccl_op_t op, CUstream stream);
 
 /* Peer access of the executor (exec.h export_mem / import_mem; cuda_peer.c): legacy CUDA IPC
- * handles, cached on both sides. fini closes every mapping (the device is being released). */
+ * handles, cached on both sides; mappings last until evicted or found stale, at most until the
+ * process exits (its device is never released). */
 xccl_status_t xccl_cuda_export_mem(const void *ptr, size_t nbytes, void *blob, size_t *len);
 xccl_status_t xccl_cuda_import_mem(const void *blob, size_t len, void **ptr);
-void          xccl_cuda_peer_fini(void);
 
 #endif /* XCCL_CUDA_EXEC_H */

@@ -42,16 +42,13 @@ xccl_cu_t xccl_cu;
     X(CtxSetCurrent, cuCtxSetCurrent)                                                              \
     X(StreamCreateWithPriority, cuStreamCreateWithPriority)                                        \
     X(StreamDestroy, cuStreamDestroy)                                                              \
-    X(StreamWaitEvent, cuStreamWaitEvent)                                                          \
     X(StreamWaitValue32, cuStreamWaitValue32)                                                      \
     X(StreamSynchronize, cuStreamSynchronize)                                                      \
-    X(StreamQuery, cuStreamQuery)                                                                  \
     X(EventCreate, cuEventCreate)                                                                  \
     X(EventDestroy, cuEventDestroy)                                                                \
     X(EventRecord, cuEventRecord)                                                                  \
     X(EventQuery, cuEventQuery)                                                                    \
     X(EventSynchronize, cuEventSynchronize)                                                        \
-    X(EventElapsedTime, cuEventElapsedTime)                                                        \
     X(MemAlloc, cuMemAlloc)                                                                        \
     X(MemFree, cuMemFree)                                                                          \
     X(MemHostAlloc, cuMemHostAlloc)                                                                \
@@ -60,7 +57,6 @@ xccl_cu_t xccl_cu;
     X(MemHostRegister, cuMemHostRegister)                                                          \
     X(MemHostUnregister, cuMemHostUnregister)                                                      \
     X(MemcpyAsync, cuMemcpyAsync)                                                                  \
-    X(MemsetD8Async, cuMemsetD8Async)                                                              \
     X(MemGetAddressRange, cuMemGetAddressRange)                                                    \
     X(PointerGetAttribute, cuPointerGetAttribute)                                                  \
     X(PointerGetAttributes, cuPointerGetAttributes)                                                \

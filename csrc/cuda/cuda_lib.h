@@ -36,17 +36,14 @@ typedef struct xccl_cu {
     CUresult (*CtxSetCurrent)(CUcontext ctx);
     CUresult (*StreamCreateWithPriority)(CUstream *s, unsigned int flags, int priority);
     CUresult (*StreamDestroy)(CUstream s);
-    CUresult (*StreamWaitEvent)(CUstream s, CUevent ev, unsigned int flags);
     CUresult (*StreamWaitValue32)(CUstream s, CUdeviceptr addr, cuuint32_t value,
                                   unsigned int flags);
     CUresult (*StreamSynchronize)(CUstream s);
-    CUresult (*StreamQuery)(CUstream s);
     CUresult (*EventCreate)(CUevent *ev, unsigned int flags);
     CUresult (*EventDestroy)(CUevent ev);
     CUresult (*EventRecord)(CUevent ev, CUstream s);
     CUresult (*EventQuery)(CUevent ev);
     CUresult (*EventSynchronize)(CUevent ev);
-    CUresult (*EventElapsedTime)(float *ms, CUevent start, CUevent end);
     CUresult (*MemAlloc)(CUdeviceptr *p, size_t nbytes);
     CUresult (*MemFree)(CUdeviceptr p);
     CUresult (*MemHostAlloc)(void **p, size_t nbytes, unsigned int flags);
@@ -55,7 +52,6 @@ typedef struct xccl_cu {
     CUresult (*MemHostRegister)(void *p, size_t nbytes, unsigned int flags);
     CUresult (*MemHostUnregister)(void *p);
     CUresult (*MemcpyAsync)(CUdeviceptr dst, CUdeviceptr src, size_t nbytes, CUstream s);
-    CUresult (*MemsetD8Async)(CUdeviceptr dst, unsigned char v, size_t n, CUstream s);
     CUresult (*MemGetAddressRange)(CUdeviceptr *base, size_t *size, CUdeviceptr p);
     CUresult (*PointerGetAttribute)(void *data, CUpointer_attribute attr, CUdeviceptr p);
     CUresult (*PointerGetAttributes)(unsigned int n, CUpointer_attribute *attrs, void **data,

@@ -145,14 +145,3 @@ xccl_status_t xccl_cuda_import_mem(const void *blob, size_t len, void **ptr)
     pthread_mutex_unlock(&mu);
     return XCCL_OK;
 }
-
-void xccl_cuda_peer_fini(void)
-{
-    pthread_mutex_lock(&mu);
-    if (caches_ready) {
-        ipc_cache_drop(&imported, -2);
-        ipc_cache_drop(&exported, -2);
-        caches_ready = 0;
-    }
-    pthread_mutex_unlock(&mu);
-}
