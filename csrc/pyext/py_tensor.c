@@ -488,6 +488,11 @@ static int acquire(xccl_py_state_t *state, PyObject *obj, int flags, const xccl_
         PyErr_Format(PyExc_TypeError, WHAT_FMT ": %s", WHAT_ARGS(what), msg);
         goto fail;
     case XCCL_DLPACK_BAD_DEVICE:
+        /* a one-call path (NO_CAPSULE) declines a CUDA tensor quietly: the general path
+         * takes it (or says why not); building the message here would be thrown away */
+        if ((flags & XCCL_PY_BUF_NO_CAPSULE) &&
+            (t->device_type == kDLCUDA || t->device_type == kDLCUDAManaged))
+            goto fail;
         if (t->device_type == kDLCUDA || t->device_type == kDLCUDAManaged) {
             host_call_cuda_buffer(state, what, t);
             goto fail;

@@ -106,7 +106,7 @@ typedef struct xccl_py_tensor {
 #define XCCL_PY_BUF_ANY_DEVICE 0x2 /* report the device instead of rejecting it            */
 #define XCCL_PY_BUF_NO_CAPSULE 0x4 /* only the routes that run no producer code (numpy's
                                     * buffer, the DLPack exchange table): -1 without an
-                                    * exception when neither applies                     */
+                                    * exception when neither applies, or for CUDA memory */
 #define XCCL_PY_BUF_CUDA       0x8 /* a CUDA operation: the buffer must be device memory of
                                     * the process's GPU (see xccl_py_tensor_acquire_cuda) */
 
