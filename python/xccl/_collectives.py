@@ -76,20 +76,22 @@ def _done_cuda(
     finish: Optional[Callable[[], None]],
     cuda: _cuda.CudaCall,
 ) -> Optional[Work]:
-    """_done for an operation on CUDA tensors. A copy into list outputs is queued on the
-    call's stream once the operation has finished (the CPU waits for it then); without
-    async_op the call returns once the operation has finished (xccl.cuda, Streams)."""
+    """_done for an operation on CUDA tensors (xccl.cuda, Streams). The CPU waits for the
+    operation before a call without async_op returns, and before the copy into list outputs,
+    which is queued on the call's stream (so such a call waits even with async_op); the stream
+    that is current afterwards (at wait() for async_op) is ordered after that copy."""
     event = None
     if finish is not None:
-        _cuda.wait_done(cwork)
+        cwork.wait()
         with cuda.stream_context():
             finish()
-        if async_op:
-            event = cuda.record_event()
+        event = cuda.record_event()
+        if not async_op and event is not None:
+            event.wait()  # torch: the current stream waits for the copy on the call's stream
     if async_op:
-        return Work(cwork, outputs, None, cuda, event)
+        return Work(cwork, outputs, None, event)
     if finish is None:
-        _cuda.wait_done(cwork)
+        cwork.wait()
     return None
 
 
@@ -184,7 +186,7 @@ def isend(
     peer = canonical_rank(pg, dst, group_dst, "dst")
     cu = _on("isend", stream, ("tensor", tensor))
     cwork = pg.comm.isend(T.prep(tensor), peer, tag, _cuda.handle(cu))
-    return Work(cwork, [tensor], None, cu)
+    return Work(cwork, [tensor])
 
 
 def irecv(
@@ -209,7 +211,7 @@ def irecv(
         peer = canonical_rank(pg, src, group_src, "src")
     cu = _on("irecv", stream, ("tensor", tensor))
     cwork = pg.comm.irecv(T.prep(tensor), peer, tag, _cuda.handle(cu))
-    return Work(cwork, [tensor], None, cu)
+    return Work(cwork, [tensor])
 
 
 def _other_rank(
@@ -247,8 +249,8 @@ def send(
     *,
     stream: Any = None,
 ) -> None:
-    """Sends `tensor` to `dst` and waits until the send completed (CUDA tensors: the call's
-    stream waits for it; the CPU does not block)."""
+    """Sends `tensor` to `dst` and waits until the send completed (CUDA tensors: on the GPU
+    too; xccl.cuda, Streams)."""
     if group is None and group_dst is None and dst is not None and stream is None:
         # the common call in one C call (see all_reduce)
         pg = _group._fast_default or _current_world().default
@@ -274,9 +276,8 @@ def recv(
     stream: Any = None,
 ) -> int:
     """Receives into `tensor` from `src` (None: from any rank) and waits; returns the
-    sender's global rank (-1 for non-members). CUDA tensors: the call's stream waits for the
-    receive, the CPU does not block, except for a receive from any rank, whose sender is
-    known only once it has completed."""
+    sender's global rank (-1 for non-members). CUDA tensors: it returns once the data is on
+    the GPU (xccl.cuda, Streams)."""
     if group is None and group_src is None and src is not None and stream is None:
         # the common call in one C call (see all_reduce); on the default group the sender's
         # rank is its global rank
@@ -369,7 +370,7 @@ def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list[Work]:
         else:
             peer = _C.ANY_SOURCE if p.group_peer is None else p.group_peer
             cwork = first.comm.irecv(T.prep(p.tensor), peer, p.tag, _cuda.handle(cu))
-        works.append(Work(cwork, [p.tensor], None, cu))
+        works.append(Work(cwork, [p.tensor]))
     return works
 
 

@@ -71,8 +71,9 @@ def native(t: Any, what: str = "tensor") -> Any:
 
 def _on_cuda(t: Any) -> bool:
     """True for a DLPack producer whose tensor lives in CUDA device (or managed) memory."""
-    get = getattr(t, "__dlpack_device__", None)
-    return get is not None and int(get()[0]) in (2, 13)
+    from . import cuda
+
+    return cuda._device_of(t)[0] in cuda._CUDA_TYPES
 
 
 def check_tensor(t: Any, what: str) -> None:

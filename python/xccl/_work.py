@@ -20,11 +20,10 @@ class Work:
     temporary buffer; the copy into the user's tensors happens exactly once, before
     ``wait()``, ``is_completed()``, ``result()`` or the future report completion.
 
-    On CUDA tensors ``wait()`` does not block the CPU: it makes the current stream wait for
-    the operation on the GPU (raising at once if the operation has already failed);
-    ``synchronize()`` blocks the CPU until the operation has finished and raises its error.
-    There, the copy into list outputs is queued on the call's stream right after the
-    operation when the call is made.
+    On CUDA tensors ``wait()`` and ``synchronize()`` return once the operation has finished on
+    the GPU (the CPU waits; see :mod:`xccl.cuda`, Streams). There, the copy into list outputs
+    is queued on the call's stream when the call returns, and ``wait()`` makes the current
+    stream wait for it.
     """
 
     __slots__ = (
@@ -36,7 +35,6 @@ class Work:
         "_error",
         "_futures",
         "_hooked",
-        "_cuda",
         "_event",
         "__weakref__",
     )
@@ -46,12 +44,11 @@ class Work:
         work: _C.Work,
         outputs: Optional[list[Any]] = None,
         finish: Optional[Callable[[], None]] = None,
-        cuda: Any = None,
         event: Any = None,
     ) -> None:
         self._work = work
-        self._cuda = cuda  # the CudaCall of an operation on CUDA tensors
-        self._event = event  # recorded after its copy-out on the call's stream (or None)
+        # CUDA list outputs: a torch event recorded after their copy on the call's stream
+        self._event = event
         self._outputs = [] if outputs is None else outputs
         self._finish = finish
         self._lock = threading.RLock()
@@ -107,11 +104,8 @@ class Work:
         self._on_done()
         if self._error is not None:
             raise self._error
-        if self._cuda is not None and self._event is not None:
-            # the copy into list outputs, queued on the call's stream: the current one waits
-            import torch
-
-            torch.cuda.current_stream(self._cuda.device).wait_event(self._event)
+        if self._event is not None:
+            self._event.wait()  # the current stream waits for the copy into list outputs
         return True
 
     def is_completed(self) -> bool:
@@ -146,10 +140,7 @@ class Work:
         """Blocks the CPU until the operation has completed; raises its error. The same as
         :meth:`wait` for host operations; for CUDA operations the GPU work has finished when
         it returns (list outputs: their copy too)."""
-        self._work.wait()
-        self._on_done()
-        if self._error is not None:
-            raise self._error
+        self.wait()
         if self._event is not None:
             self._event.synchronize()
 

@@ -46,9 +46,9 @@ GPUs (``--device cuda``): the buffers are CUDA tensors (torch, or CuPy arrays wh
 missing) on the rank's GPU, ``LOCAL_RANK`` modulo the GPUs it sees (ranks share GPU 0 when
 there is one). Times are nccl-tests': calls are posted back to back and a loop's time runs
 until the device has finished its last call (xccl: ``async_op=True`` and ``Work.wait()``,
-which orders the current stream after the operation without blocking the CPU, at most
-DEVICE_WINDOW calls in flight; gloo: its usual blocking calls, which copy through host
-memory). Fills and checks run on the current stream. gloo has no CUDA send/recv, so its
+which returns once the operation finished on the GPU - see ``xccl.cuda``, Streams; gloo: its
+usual blocking calls, which copy through host memory). Fills and checks run on the current
+stream. gloo has no CUDA send/recv, so its
 sendrecv and pingpong copy through pinned host buffers in the harness. xccl's out-of-place
 all_reduce and reduce are N/A there. Without a usable GPU the command stops at once with the
 reason (exit status 2).
@@ -65,7 +65,6 @@ The harness is independent of the library measured: :class:`Runner` is the adapt
 from __future__ import annotations
 
 import argparse
-import collections
 import dataclasses
 import functools
 import importlib
@@ -531,13 +530,6 @@ class Runner:
         ranks may never get there)."""
 
 
-# xccl operations on device memory a rank may have posted and not yet seen complete on the
-# CPU: enough to keep the device busy while the CPU posts the next ones (the device runs them
-# one after the other, each ordered after the stream that waits for the previous one), few
-# enough to bound the work in flight.
-DEVICE_WINDOW = 8
-
-
 class TorchApiRunner(Runner):
     """xccl or torch.distributed (gloo) through the torch.distributed API; both take the
     same calls, except the ``algo=`` keyword and out-of-place all_reduce/reduce (xccl's
@@ -545,9 +537,8 @@ class TorchApiRunner(Runner):
 
     On CUDA buffers (``arrays.on_device``) the loop measures what nccl-tests measures: calls
     are posted back to back and the time runs until the device has finished the last one.
-    xccl's calls are posted with ``async_op=True`` and ``Work.wait()``, which makes the
-    current stream wait for the operation without blocking the CPU (the next call is ordered
-    after that stream); at most DEVICE_WINDOW of them are in flight. gloo's calls block the
+    xccl's calls are posted with ``async_op=True`` and ``Work.wait()``, which returns once the
+    operation finished on the GPU (the next call is ordered after it). gloo's calls block the
     CPU while gloo copies through host memory, and make the current stream wait for the copy
     back. gloo has no CUDA send/recv (it would hand the device pointer to its TCP transport):
     its point-to-point tests copy through pinned host buffers here, as its collectives do."""
@@ -565,7 +556,6 @@ class TorchApiRunner(Runner):
 
             self.dist = tdist
         self._kw: dict[str, Any] = {} if algo is None else {"algo": algo}
-        self._pending: collections.deque[Any] = collections.deque()
 
     def init(self, init_method: str, rank: int, world_size: int, timeout_s: float) -> None:
         """Joins the job (init_process_group)."""
@@ -666,16 +656,10 @@ class TorchApiRunner(Runner):
     # -- device memory --------------------------------------------------------------------------
 
     def _post(self, work: Any) -> None:
-        """Makes the current stream wait for xccl's `work` (no CPU block) and keeps it; once
-        more than DEVICE_WINDOW are kept, blocks the CPU until the oldest has completed."""
+        """Waits for xccl's `work` (until it finished on the GPU)."""
         work.wait()
-        self._pending.append(work)
-        while len(self._pending) > DEVICE_WINDOW:
-            self._pending.popleft().synchronize()
 
     def settle(self) -> None:
-        while self._pending:
-            self._pending.popleft().synchronize()
         self.arrays.synchronize()
 
     def _prepare_device(

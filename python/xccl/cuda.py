@@ -185,10 +185,6 @@ class CudaCall:
         self.device = device
         self.handle = handle
 
-    def current(self) -> int:
-        """The framework's current stream on the call's GPU, now."""
-        return _current_stream(self.framework, self.device)
-
     def stream_context(self) -> Any:
         """A context in which the temporaries and copies of a call on tensor lists run on the
         call's stream. They are torch's (tensors of other producers are viewed through torch
@@ -288,12 +284,6 @@ def resolve(op: str, tensors: list[tuple[str, Any]], stream: Any = None) -> Opti
             torch = sys.modules["torch"]
             _torch_stream(torch, index, handle).wait_stream(torch.cuda.current_stream(index))
     return CudaCall(framework, index, handle)
-
-
-def wait_done(cwork: Any, timeout: Optional[float] = None) -> None:
-    """Waits on the CPU until C Work `cwork` has finished on the GPU (raises its error, or
-    the timeout's): every stream may use its results afterwards (see Streams above)."""
-    cwork.wait(timeout)
 
 
 def handle(call: Optional[CudaCall]) -> Optional[int]:
