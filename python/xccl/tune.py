@@ -101,11 +101,10 @@ def _canonical_coll(name: str) -> str:
 # The measurement, on every rank
 # ------------------------------------------------------------------------------------------
 def _one_call(coll: str, algo: str, bufs: dict[str, Any], nbytes: int, size: int) -> None:
-    """One call of `coll` forced to `algo` on the buffers of `bufs`."""
+    """One call of `coll` forced to `algo` on the buffers of `bufs` (inside the timed loops:
+    nothing here but the call)."""
     import xccl
-    from xccl import _group
 
-    rank = xccl.get_rank()
     if coll == "all_reduce":
         xccl.all_reduce(bufs["a"][:nbytes], algo=algo)
     elif coll == "broadcast":
@@ -121,9 +120,11 @@ def _one_call(coll: str, algo: str, bufs: dict[str, Any], nbytes: int, size: int
     elif coll == "barrier":
         xccl.barrier(algo=algo)
     else:  # gather, scatter: the engine's calls (the Python API takes lists of tensors)
+        from xccl import _group
+
         pg = _group.resolve(None)
         part = bufs["a"][:nbytes // size]
-        whole = bufs["b"][:nbytes] if rank == 0 else None
+        whole = bufs["b"][:nbytes] if pg.rank() == 0 else None
         if coll == "gather":
             pg.comm.gather(part, whole, 0, algo, pg._timeout_arg).wait()
         else:
