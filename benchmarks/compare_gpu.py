@@ -108,10 +108,6 @@ def _say(msg: str) -> None:
     print(f"compare_gpu: {msg}", file=sys.stderr, flush=True)
 
 
-def _csv(text: str) -> list[str]:
-    return [p.strip() for p in text.split(",") if p.strip()]
-
-
 # --------------------------------------------------------------------------------------------
 # The device copy (run in a child process: --copy-worker)
 # --------------------------------------------------------------------------------------------
@@ -334,7 +330,7 @@ def package_env() -> dict[str, str]:
     GPU 0), so that every rank and the copy use the same one, as the issue's setting has it;
     the source tree's python/ when xccl is not installed (built in place); one OpenMP
     thread."""
-    visible = _csv(os.environ.get("CUDA_VISIBLE_DEVICES", ""))
+    visible = cmp._csv(os.environ.get("CUDA_VISIBLE_DEVICES", ""))
     env = {"OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": visible[0] if visible else "0"}
     if importlib.util.find_spec("xccl") is None:
         env["PYTHONPATH"] = os.pathsep.join(
