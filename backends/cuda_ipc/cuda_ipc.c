@@ -438,13 +438,19 @@ static int desc_match(xccl_tp_ctx_t *ctx, ipc_recv_t *r, int *nev)
     r->imp = ipc_cache_get(&ctx->imp, r->peer, d->buf_id, d->base, d->size);
     if (r->imp == NULL) {
         st = ctx->dev->import_handle(p->pid, d->handle, &mapped);
-        if (st < 0) {
-            /* not mappable here (no peer access, a driver refusal): the sender sends the
-             * bytes through host memory instead, this one and every later one */
+        if (st != XCCL_OK) {
+            /* not mappable here (no peer access, a driver refusal), or not now (XCCL_INPROGRESS:
+             * a stream waits for a gate, and mapping could synchronise the device): the sender
+             * sends this message's bytes through host memory instead */
             xccl_msg_hdr_t h = {IPC_COMM, IPC_T_RESEND, d->send_id, 0};
-            XCCL_INFO("cuda_ipc: rank %d: cannot map the memory of rank %d (%s): its device "
-                      "messages come through host memory",
-                      ctx->rank, r->peer, xccl_last_error());
+            if (st == XCCL_INPROGRESS)
+                XCCL_TRACE("cuda_ipc: rank %d: a device message of rank %d comes through host "
+                           "memory (no mapping while a stream waits for an operation)",
+                           ctx->rank, r->peer);
+            else
+                XCCL_INFO("cuda_ipc: rank %d: cannot map the memory of rank %d (%s): its "
+                          "device messages come through host memory",
+                          ctx->rank, r->peer, xccl_last_error());
             r->state = R_AWAIT;
             r->dst   = dst.ptr;
             r->dmem  = dst.mem;

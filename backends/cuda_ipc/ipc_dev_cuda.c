@@ -7,6 +7,7 @@
  */
 #ifdef XCCL_HAVE_CUDA
 
+#include <stdlib.h>
 #include <string.h>
 
 /* the device layer is internal to xccl (csrc/cuda), not part of the transport API: named by
@@ -59,12 +60,15 @@ static xccl_status_t cu_import(int32_t pid, const uint8_t handle[IPC_HANDLE_BYTE
 {
     CUipcMemHandle h;
     CUdeviceptr    p = 0;
+    CUresult       rc;
 
     (void)pid;
     XCCL_CHECK(xccl_cuda_enter());
     memcpy(&h, handle, IPC_HANDLE_BYTES);
-    XCCL_CU_CHECK(xccl_cu.IpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
-                  "cuda_ipc: cuIpcOpenMemHandle of a peer's buffer");
+    if (!xccl_cuda_sync_begin()) return XCCL_INPROGRESS; /* cuda_lib.h: not while a stream waits */
+    rc = xccl_cu.IpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+    xccl_cuda_sync_end();
+    if (rc != CUDA_SUCCESS) return xccl_cuda_fail(rc, "cuda_ipc: cuIpcOpenMemHandle of a peer's buffer");
     *mapped = (void *)(uintptr_t)p;
     return XCCL_OK;
 }
@@ -120,30 +124,48 @@ static void cu_free(void *ev)
     if (ev != NULL) xccl_cuda_event_put((CUevent)ev);
 }
 
+/* Bounce buffers: pinned (cuMemHostAlloc) unless a stream waits for a gate (cuda_lib.h), then
+ * pageable (copies through them block the progress until xccl's stream gets there, which it
+ * does: it never waits for a caller's stream). A header in front says which. */
+#define HOST_HDR       64
+#define HOST_PINNED    0x70696e6eu /* "pinn" */
+#define HOST_PAGEABLE  0x70616765u /* "page" */
+
 static void *cu_host_alloc(size_t n)
 {
     void    *p = NULL;
     CUresult rc;
+    uint32_t kind = HOST_PINNED;
 
     if (xccl_cuda_enter() != XCCL_OK) return NULL;
-    rc = xccl_cu.MemHostAlloc(&p, n > 0 ? n : 1, CU_MEMHOSTALLOC_PORTABLE);
-    if (rc != CUDA_SUCCESS) {
-        (void)xccl_cuda_fail(rc, "cuda_ipc: cuMemHostAlloc of a bounce buffer");
-        return NULL;
+    if (xccl_cuda_sync_begin()) {
+        rc = xccl_cu.MemHostAlloc(&p, n + HOST_HDR, CU_MEMHOSTALLOC_PORTABLE);
+        xccl_cuda_sync_end();
+        if (rc != CUDA_SUCCESS) {
+            (void)xccl_cuda_fail(rc, "cuda_ipc: cuMemHostAlloc of a bounce buffer");
+            return NULL;
+        }
+    } else {
+        if (posix_memalign(&p, HOST_HDR, n + HOST_HDR) != 0) {
+            (void)xccl_error_set(XCCL_ERR_NO_MEMORY, "cuda_ipc: no host memory to bounce %zu bytes",
+                                 n);
+            return NULL;
+        }
+        kind = HOST_PAGEABLE;
     }
-    return p;
+    memcpy(p, &kind, sizeof kind);
+    return (char *)p + HOST_HDR;
 }
 
 static void cu_host_free(void *p)
 {
-    CUresult rc;
+    uint32_t kind;
 
-    if (p == NULL || xccl_cuda_enter() != XCCL_OK) return;
-    rc = xccl_cu.MemFreeHost(p);
-    if (rc != CUDA_SUCCESS) {
-        (void)xccl_cuda_fail(rc, "cuda_ipc: cuMemFreeHost");
-        XCCL_WARN("%s", xccl_last_error());
-    }
+    if (p == NULL) return;
+    p = (char *)p - HOST_HDR;
+    memcpy(&kind, p, sizeof kind);
+    if (kind == HOST_PAGEABLE) free(p);
+    else xccl_cuda_release(XCCL_CUDA_FREE_HOST, p);
 }
 
 const ipc_dev_ops_t ipc_dev_cuda = {

@@ -75,7 +75,8 @@ struct xccl_sbuf {
     int          busy;
     xccl_sbuf_t *next;   /* ctx->stage_free while free                                     */
     xccl_sbuf_t *anext;  /* ctx->stage_all: every bounce buffer, freed with the context    */
-    unsigned     pinned; /* bit m: registered with the executor of memory type m            */
+    int          pinned;    /* registered (host_register) with an executor...               */
+    int          pinned_by; /* ...the one of this memory type, which releases it           */
 };
 
 typedef enum { REQ_SEND, REQ_RECV } req_kind_t;

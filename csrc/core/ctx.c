@@ -926,12 +926,12 @@ static size_t stage_cap_for(size_t n)
     return c < n ? n : c;
 }
 
-/* Frees a bounce buffer no transport and no executor copy uses any more (unpinned first). */
+/* Frees a bounce buffer no transport and no executor copy uses any more (a pinned one through
+ * the executor that pinned it). */
 static void sbuf_release(xccl_sbuf_t *b)
 {
-    for (int m = 0; m < XCCL_MEM_TYPES; m++)
-        if (b->pinned & (1u << m)) xccl_exec_for((xccl_mem_type_t)m)->host_unregister(b->p);
-    free(b->p);
+    if (b->pinned != 0) xccl_exec_for((xccl_mem_type_t)b->pinned_by)->host_release(b->p);
+    else free(b->p);
     free(b);
 }
 
@@ -944,15 +944,18 @@ static xccl_sbuf_t *sbuf_new(xccl_ctx_t *ctx, size_t cap, int pooled)
         free(b);
         return NULL;
     }
-    /* a pooled buffer is pinned for every device executor there is, so that its copies to and
-     * from the buffer are asynchronous (a copy of pageable memory holds the calling thread, the
-     * progress, until the device has run everything queued before it); a one-off buffer is
-     * used once, and pinning it would cost more than that copy */
-    for (int m = 0; pooled && m < XCCL_MEM_TYPES; m++) {
+    /* a pooled buffer is pinned for the first device executor there is (one per process in
+     * practice), so that its copies to and from the buffer are asynchronous (a copy of pageable
+     * memory holds the calling thread, the progress, until the device has run everything
+     * queued before it); a one-off buffer is used once, and pinning it would cost more than
+     * that copy */
+    for (int m = 0; pooled && m < XCCL_MEM_TYPES && !b->pinned; m++) {
         const xccl_exec_ops_t *ex = xccl_exec_for((xccl_mem_type_t)m);
         if (m != XCCL_MEM_HOST && ex != NULL && ex->host_register != NULL &&
-            ex->host_register(b->p, cap) == XCCL_OK)
-            b->pinned |= 1u << m;
+            ex->host_register(b->p, cap) == XCCL_OK) {
+            b->pinned    = 1;
+            b->pinned_by = m;
+        }
     }
     b->cap         = cap;
     b->pooled      = pooled;

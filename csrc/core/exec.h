@@ -73,12 +73,15 @@ typedef struct xccl_exec_ops {
     /* ---- host memory the device copies to and from (device executors; NULL elsewhere) ----
      * host_register pins [p, p + nbytes) for the device (cuMemHostRegister), so that copies
      * between it and device memory are asynchronous: CUDA copies a pageable host buffer
-     * synchronously - the calling thread waits until the stream reaches the copy, which may
-     * wait for the caller's stream (order_after) and through it for a gate only the progress
-     * of this context opens. For buffers kept for reuse (staging bounce buffers).
-     * host_unregister undoes it, once no queued copy uses the buffer, before it is freed. */
+     * synchronously - the calling thread, the progress, waits until the device reaches the
+     * copy. For buffers kept for reuse (staging bounce buffers). XCCL_OK, or anything else
+     * (XCCL_INPROGRESS, with no error recorded, when pinning would have to wait for a stream
+     * held by a completion gate): the buffer stays pageable, which only costs speed.
+     * host_release unpins p and frees it (free()): p came from malloc or posix_memalign, was
+     * pinned by host_register, and no queued copy uses it. The executor may do both later (it
+     * must not wait for such a stream either), so the caller hands the memory over. */
     xccl_status_t (*host_register)(void *p, size_t nbytes);
-    void (*host_unregister)(void *p);
+    void (*host_release)(void *p);
 
     /* ---- peer access (device executors whose memory other processes of the host can map;
      * NULL elsewhere) ----

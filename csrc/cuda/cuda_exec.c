@@ -2,7 +2,8 @@
  *
  * cuda_exec.c - the CUDA executor (core/exec.h): copies with cuMemcpyAsync and reductions with
  * the kernels of kernels.cu, all queued on xccl's stream, each followed by an event the core
- * tests; scratch memory with cuMemAlloc; stream ordering (order_after) with events; completion
+ * tests; scratch memory with cuMemAlloc (cuMemAllocAsync while a stream waits for a gate:
+ * cuda_lib.h, "Implicit synchronisation"); stream ordering (order_after) with events; completion
  * gates in pinned, device-mapped host memory (gate.h) waited for with cuStreamWaitValue32.
  *
  * The kernels' fatbin is embedded by the build (csrc/cuda/build_fatbin.py: xccl_cuda_fatbin);
@@ -17,6 +18,7 @@
 
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/check.h"
@@ -290,6 +292,8 @@ static xccl_status_t check_base(const char *what, xccl_dtype_t dt, xccl_op_t op)
  * The executor
  * ------------------------------------------------------------------------------------------- */
 
+static void *cu_alloc(size_t nbytes);
+
 /* memmove of overlapping ranges through the scratch buffer (rare: in-place shifts) */
 static xccl_status_t copy_overlap(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st)
 {
@@ -297,21 +301,15 @@ static xccl_status_t copy_overlap(CUdeviceptr d, CUdeviceptr s, size_t n, CUstre
 
     pthread_mutex_lock(&scratch_mu);
     if (scratch_len < n) {
-        CUdeviceptr p = 0;
+        void *p = cu_alloc(n);
 
-        /* the old buffer may still be read by queued copies */
-        rc = xccl_cu.StreamSynchronize(st);
-        if (rc == CUDA_SUCCESS && scratch != 0) rc = xccl_cu.MemFree(scratch);
-        if (rc == CUDA_SUCCESS) {
-            scratch     = 0;
-            scratch_len = 0;
-            rc          = xccl_cu.MemAlloc(&p, n);
-        }
-        if (rc != CUDA_SUCCESS) {
+        if (p == NULL) { /* the reason is the thread's last error */
             pthread_mutex_unlock(&scratch_mu);
-            return xccl_cuda_fail(rc, "cuda copy: scratch for overlapping ranges");
+            return XCCL_ERR_NO_MEMORY;
         }
-        scratch     = p;
+        /* the old buffer may still be read by queued copies: freed after them */
+        xccl_cuda_free_any((void *)(uintptr_t)scratch);
+        scratch     = (CUdeviceptr)(uintptr_t)p;
         scratch_len = n;
     }
     rc = xccl_cu.MemcpyAsync(scratch, s, n, st);
@@ -421,13 +419,183 @@ static xccl_status_t cu_test(void *ev)
     return rc == CUDA_SUCCESS ? XCCL_OK : xccl_cuda_fail(rc, "cuda: a queued operation failed");
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * Implicit synchronisation (cuda_lib.h): the guard, deferred releases, allocation without it
+ * ------------------------------------------------------------------------------------------- */
+
+/* recursive: a guarded call may release (an import closing a stale mapping) */
+static pthread_mutex_t sync_mu = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
+
+typedef struct release {
+    struct release          *next;
+    xccl_cuda_release_kind_t kind;
+    void                    *p;
+} release_t;
+static release_t *releases; /* deferred, under sync_mu */
+
+/* memory from cuMemAllocAsync (freed with cuMemFreeAsync), under async_mu */
+static pthread_mutex_t async_mu = PTHREAD_MUTEX_INITIALIZER;
+static void          **async_ptrs;
+static size_t          nasync, async_cap;
+
+static void release_now(xccl_cuda_release_kind_t kind, void *p)
+{
+    CUresult    rc = CUDA_SUCCESS;
+    const char *what;
+
+    switch (kind) {
+    case XCCL_CUDA_FREE_DEVICE:
+        /* a copy still queued on xccl's stream may use it (an operation that failed or timed
+         * out before its transfers into scratch finished): that stream first. It always
+         * drains - it never waits for a caller's stream */
+        what = "cuStreamSynchronize (before cuMemFree)";
+        rc   = xccl_cu.StreamSynchronize(xccl_cuda_stream());
+        if (rc == CUDA_SUCCESS) {
+            what = "cuMemFree";
+            rc   = xccl_cu.MemFree((CUdeviceptr)(uintptr_t)p);
+        }
+        break;
+    case XCCL_CUDA_FREE_HOST:
+        what = "cuMemFreeHost";
+        rc   = xccl_cu.MemFreeHost(p);
+        break;
+    case XCCL_CUDA_UNPIN_FREE:
+        what = "cuMemHostUnregister";
+        rc   = xccl_cu.MemHostUnregister(p);
+        if (rc == CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED) rc = CUDA_SUCCESS;
+        free(p);
+        break;
+    default:
+        what = "cuIpcCloseMemHandle";
+        rc   = xccl_cu.IpcCloseMemHandle((CUdeviceptr)(uintptr_t)p);
+        break;
+    }
+    if (rc != CUDA_SUCCESS) {
+        (void)xccl_cuda_fail(rc, what);
+        XCCL_WARN("%s", xccl_last_error());
+    }
+}
+
+/* The deferred releases, once no stream waits. sync_mu held, nothing waited for. */
+static void flush_releases(void)
+{
+    while (releases != NULL) {
+        release_t *r = releases;
+
+        releases = r->next;
+        release_now(r->kind, r->p);
+        free(r);
+    }
+}
+
+int xccl_cuda_sync_begin(void)
+{
+    pthread_mutex_lock(&sync_mu);
+    if (gates_ready && xccl_gates_nwaited(&gates) > 0) {
+        pthread_mutex_unlock(&sync_mu);
+        return 0;
+    }
+    if (releases != NULL && xccl_cuda_enter() == XCCL_OK) flush_releases();
+    return 1;
+}
+
+void xccl_cuda_sync_end(void) { pthread_mutex_unlock(&sync_mu); }
+
+void xccl_cuda_release(xccl_cuda_release_kind_t kind, void *p)
+{
+    release_t *r;
+
+    if (p == NULL || xccl_cuda_enter() != XCCL_OK) return;
+    if (xccl_cuda_sync_begin()) {
+        release_now(kind, p);
+        xccl_cuda_sync_end();
+        return;
+    }
+    r = malloc(sizeof *r);
+    if (r == NULL) { /* leaked rather than released under a waiting stream: a hang */
+        XCCL_WARN("cuda: out of memory deferring a release; %p is leaked", p);
+        return;
+    }
+    r->kind = kind;
+    r->p    = p;
+    pthread_mutex_lock(&sync_mu);
+    r->next  = releases;
+    releases = r;
+    pthread_mutex_unlock(&sync_mu);
+}
+
+void *xccl_cuda_alloc_async(size_t nbytes)
+{
+    CUdeviceptr p = 0;
+    CUresult    rc;
+
+    if (xccl_cu.MemAllocAsync == NULL || xccl_cu.MemFreeAsync == NULL) {
+        (void)XCCL_ERROR(XCCL_ERR_NOT_SUPPORTED,
+                         "cuda: cannot allocate device memory now: a stream waits for an xccl "
+                         "operation, and this driver has no stream-ordered allocator "
+                         "(cuMemAllocAsync) to allocate without waiting for that stream");
+        return NULL;
+    }
+    pthread_mutex_lock(&async_mu);
+    if (nasync == async_cap) {
+        size_t cap = async_cap ? 2 * async_cap : 16;
+        void **a   = realloc(async_ptrs, cap * sizeof *a);
+
+        if (a == NULL) {
+            pthread_mutex_unlock(&async_mu);
+            (void)XCCL_ERROR(XCCL_ERR_NO_MEMORY, "cuda: out of host memory");
+            return NULL;
+        }
+        async_ptrs = a;
+        async_cap  = cap;
+    }
+    rc = xccl_cu.MemAllocAsync(&p, nbytes ? nbytes : 1, xccl_cuda_stream());
+    if (rc == CUDA_SUCCESS) async_ptrs[nasync++] = (void *)(uintptr_t)p;
+    pthread_mutex_unlock(&async_mu);
+    if (rc != CUDA_SUCCESS) {
+        (void)xccl_cuda_fail(rc, "cuMemAllocAsync");
+        return NULL;
+    }
+    return (void *)(uintptr_t)p;
+}
+
+void xccl_cuda_free_any(void *p)
+{
+    int async = 0;
+
+    if (p == NULL || xccl_cuda_enter() != XCCL_OK) return;
+    pthread_mutex_lock(&async_mu);
+    for (size_t i = 0; i < nasync; i++) {
+        if (async_ptrs[i] == p) {
+            async_ptrs[i] = async_ptrs[--nasync];
+            async = 1;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&async_mu);
+    if (async) {
+        /* ordered after everything queued on xccl's stream that may use it */
+        CUresult rc = xccl_cu.MemFreeAsync((CUdeviceptr)(uintptr_t)p, xccl_cuda_stream());
+        if (rc != CUDA_SUCCESS) {
+            (void)xccl_cuda_fail(rc, "cuMemFreeAsync");
+            XCCL_WARN("%s", xccl_last_error());
+        }
+        return;
+    }
+    xccl_cuda_release(XCCL_CUDA_FREE_DEVICE, p);
+}
+
+/* cuMemAlloc (legacy IPC can export it: peers map it) unless a stream waits for a gate; then
+ * from the stream-ordered allocator, which needs no synchronisation */
 static void *cu_alloc(size_t nbytes)
 {
     CUdeviceptr p = 0;
     CUresult    rc;
 
     if (xccl_cuda_enter() != XCCL_OK) return NULL;
+    if (!xccl_cuda_sync_begin()) return xccl_cuda_alloc_async(nbytes);
     rc = xccl_cu.MemAlloc(&p, nbytes ? nbytes : 1);
+    xccl_cuda_sync_end();
     if (rc != CUDA_SUCCESS) {
         xccl_cuda_fail(rc, "cuMemAlloc");
         return NULL;
@@ -435,26 +603,7 @@ static void *cu_alloc(size_t nbytes)
     return (void *)(uintptr_t)p;
 }
 
-static void cu_free(void *p)
-{
-    CUresult rc;
-
-    if (p == NULL || xccl_cuda_enter() != XCCL_OK) return;
-    /* a copy still queued on xccl's stream may use it (an operation that failed or timed out
-     * before its transfers into scratch finished): wait for the stream first. It always
-     * drains - xccl's stream never waits for a caller's stream - and cuMemFree would wait for
-     * the device anyway */
-    rc = xccl_cu.StreamSynchronize(xccl_cuda_stream());
-    if (rc != CUDA_SUCCESS) {
-        xccl_cuda_fail(rc, "cuStreamSynchronize (before cuMemFree)");
-        XCCL_WARN("%s", xccl_last_error());
-    }
-    rc = xccl_cu.MemFree((CUdeviceptr)(uintptr_t)p);
-    if (rc != CUDA_SUCCESS) {
-        xccl_cuda_fail(rc, "cuMemFree");
-        XCCL_WARN("%s", xccl_last_error());
-    }
-}
+static void cu_free(void *p) { xccl_cuda_free_any(p); }
 
 /* An event on the caller's stream, tested by the core's progress (exec.h: xccl's stream never
  * waits for a caller's stream on the device). xccl's own stream needs no mark: what it runs
@@ -498,7 +647,11 @@ static xccl_status_t cu_gate_new(uint64_t *ticket)
 
 static void cu_gate_open(uint64_t ticket)
 {
-    if (gates_ready) xccl_gates_open(&gates, (uint32_t)ticket);
+    if (!gates_ready) return;
+    xccl_gates_open(&gates, (uint32_t)ticket);
+    /* the last waited gate opened: the releases deferred meanwhile (sync_begin flushes) */
+    if (xccl_gates_nwaited(&gates) == 0 && releases != NULL && xccl_cuda_sync_begin())
+        xccl_cuda_sync_end();
 }
 
 static xccl_status_t cu_gate_wait(uint64_t ticket, void *stream)
@@ -508,10 +661,17 @@ static xccl_status_t cu_gate_wait(uint64_t ticket, void *stream)
     CUresult    rc;
 
     if (!gates_ready) return XCCL_ERROR(XCCL_ERR_INVALID_USAGE, "cuda: no device chosen");
-    if (xccl_gates_is_open(&gates, t)) return XCCL_OK; /* nothing to wait for */
     XCCL_CHECK(xccl_cuda_enter());
+    /* marked under sync_mu: no implicitly synchronising call is under way, and none starts
+     * until the gate opens (cuda_lib.h) */
+    pthread_mutex_lock(&sync_mu);
+    if (!xccl_gates_mark_waited(&gates, t)) { /* open: nothing to wait for */
+        pthread_mutex_unlock(&sync_mu);
+        return XCCL_OK;
+    }
     w  = gate_dev + (CUdeviceptr)xccl_gates_word(&gates, t) * sizeof(uint32_t);
     rc = xccl_cu.StreamWaitValue32((CUstream)stream, w, t, CU_STREAM_WAIT_VALUE_GEQ);
+    pthread_mutex_unlock(&sync_mu);
     if (rc == CUDA_ERROR_NOT_SUPPORTED)
         return XCCL_ERROR(XCCL_ERR_NOT_SUPPORTED,
                           "cuda: this device or driver cannot make a stream wait on a value "
@@ -527,21 +687,21 @@ static xccl_status_t cu_host_register(void *p, size_t nbytes)
     if (p == NULL || nbytes == 0)
         return XCCL_ERROR(XCCL_ERR_INVALID_ARG, "cuda: registering an empty host range");
     XCCL_CHECK(xccl_cuda_enter());
+    if (!xccl_cuda_sync_begin()) return XCCL_INPROGRESS; /* not now: the buffer stays pageable */
     rc = xccl_cu.MemHostRegister(p, nbytes, CU_MEMHOSTREGISTER_PORTABLE);
+    xccl_cuda_sync_end();
     if (rc == CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED) return XCCL_OK;
     return rc == CUDA_SUCCESS ? XCCL_OK : xccl_cuda_fail(rc, "cuMemHostRegister");
 }
 
-static void cu_host_unregister(void *p)
+static void cu_host_release(void *p)
 {
-    CUresult rc;
-
-    if (p == NULL || xccl_cuda_enter() != XCCL_OK) return;
-    rc = xccl_cu.MemHostUnregister(p);
-    if (rc != CUDA_SUCCESS && rc != CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED) {
-        xccl_cuda_fail(rc, "cuMemHostUnregister");
-        XCCL_WARN("%s", xccl_last_error());
+    if (p == NULL) return;
+    if (xccl_cuda_enter() != XCCL_OK) { /* no device any more: nothing is pinned */
+        free(p);
+        return;
     }
+    xccl_cuda_release(XCCL_CUDA_UNPIN_FREE, p);
 }
 
 static xccl_status_t cu_reduce_n(void *dst, const void *const *srcs, int k, size_t count,
@@ -569,7 +729,7 @@ const xccl_exec_ops_t xccl_exec_cuda = {
     .gate_open       = cu_gate_open,
     .gate_wait       = cu_gate_wait,
     .host_register   = cu_host_register,
-    .host_unregister = cu_host_unregister,
+    .host_release    = cu_host_release,
     .export_mem      = xccl_cuda_export_mem,
     .import_mem      = xccl_cuda_import_mem,
     .reduce_n        = cu_reduce_n,

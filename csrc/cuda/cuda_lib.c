@@ -83,6 +83,23 @@ CU_SYMS(SYM_TYPE)
 #undef SYM_TYPE
 #undef SYM
 
+/* resolved when present: a driver without them still loads */
+#define CU_SYMS_OPTIONAL(X)                                                                        \
+    X(MemAllocAsync, cuMemAllocAsync)                                                              \
+    X(MemFreeAsync, cuMemFreeAsync)                                                                \
+    /* end */
+#define SYM(field, api) {offsetof(xccl_cu_t, field), SYM_STR(api)},
+static const struct {
+    size_t      off;
+    const char *name;
+} cu_syms_optional[] = {CU_SYMS_OPTIONAL(SYM)};
+#define SYM_TYPE(field, api)                                                                       \
+    _Static_assert(__builtin_types_compatible_p(__typeof__(&api), __typeof__(xccl_cu.field)),      \
+                   "xccl_cu_t." #field " does not match " SYM_STR(api));
+CU_SYMS_OPTIONAL(SYM_TYPE)
+#undef SYM_TYPE
+#undef SYM
+
 static pthread_once_t load_once   = PTHREAD_ONCE_INIT;
 static xccl_status_t  load_status = XCCL_ERR_NOT_SUPPORTED;
 static char           load_err[256];
@@ -123,6 +140,11 @@ static void load_once_fn(void)
         }
         /* POSIX: a data pointer from dlsym converts to a function pointer */
         memcpy((char *)&xccl_cu + cu_syms[i].off, &f, sizeof f);
+    }
+    for (size_t i = 0; i < sizeof cu_syms_optional / sizeof cu_syms_optional[0]; i++) {
+        void *f = dlsym(lib, cu_syms_optional[i].name);
+
+        memcpy((char *)&xccl_cu + cu_syms_optional[i].off, &f, sizeof f);
     }
     rc = xccl_cu.Init(0);
     if (rc != CUDA_SUCCESS) {
@@ -177,17 +199,7 @@ xccl_status_t xccl_cuda_alloc_info(const void *ptr, uint64_t *base, uint64_t *si
     return XCCL_OK;
 }
 
-void xccl_cuda_ipc_close(void *mapped)
-{
-    CUresult rc;
-
-    if (xccl_cuda_enter() != XCCL_OK) return;
-    rc = xccl_cu.IpcCloseMemHandle((CUdeviceptr)(uintptr_t)mapped);
-    if (rc != CUDA_SUCCESS) {
-        (void)xccl_cuda_fail(rc, "cuIpcCloseMemHandle");
-        XCCL_WARN("%s", xccl_last_error());
-    }
-}
+void xccl_cuda_ipc_close(void *mapped) { xccl_cuda_release(XCCL_CUDA_IPC_CLOSE, mapped); }
 
 xccl_status_t xccl_cuda_fail(CUresult rc, const char *what)
 {

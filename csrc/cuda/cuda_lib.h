@@ -65,6 +65,9 @@ typedef struct xccl_cu {
     CUresult (*LaunchKernel)(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
                              unsigned int bx, unsigned int by, unsigned int bz,
                              unsigned int shmem, CUstream s, void **params, void **extra);
+    /* optional (NULL when the driver lacks them): the stream-ordered allocator */
+    CUresult (*MemAllocAsync)(CUdeviceptr *p, size_t nbytes, CUstream s);
+    CUresult (*MemFreeAsync)(CUdeviceptr p, CUstream s);
 } xccl_cu_t;
 
 /* Valid after xccl_cuda_load() returned XCCL_OK. */
@@ -102,8 +105,37 @@ xccl_status_t xccl_cuda_fail(CUresult rc, const char *what);
  * users of IPC handles ask it: the cuda_ipc transport and the executor's peer access. */
 xccl_status_t xccl_cuda_alloc_info(const void *ptr, uint64_t *base, uint64_t *size,
                                    uint64_t *buf_id, int *ipc_ok);
-/* Closes a mapping cuIpcOpenMemHandle made (a failure is logged: nothing else to do). */
+/* Closes a mapping cuIpcOpenMemHandle made (a failure is logged: nothing else to do), now or,
+ * while a stream waits for a closed gate, later (xccl_cuda_release). */
 void xccl_cuda_ipc_close(void *mapped);
+
+/* Implicit synchronisation. Some driver calls may wait until the device has run everything
+ * queued before them on every stream of the context: allocating and freeing device or pinned
+ * memory, registering host memory, opening and closing IPC mappings. A caller's stream that
+ * waits for a closed completion gate (exec.h gate_wait) runs on only once xccl's progress opens
+ * the gate, so such a call made by that progress would never return: a deadlock. Hence the
+ * rule: every such call is made between xccl_cuda_sync_begin() returning 1 and
+ * xccl_cuda_sync_end(), which hold off new gate waits meanwhile (one recursive mutex). When
+ * begin returns 0 - some stream waits for a closed gate - the caller goes without the call
+ * for now: it tries again later (mapping a peer's buffer), takes a way that needs none
+ * (cuMemAllocAsync, no pinning), or hands a release to xccl_cuda_release, which makes it at
+ * once or as soon as no stream waits any more. Module loading happens when the device is
+ * chosen, before any operation, and needs no guard. */
+int  xccl_cuda_sync_begin(void);
+void xccl_cuda_sync_end(void);
+typedef enum xccl_cuda_release_kind {
+    XCCL_CUDA_FREE_DEVICE,   /* cuMemFree (after xccl's stream has run what it had queued) */
+    XCCL_CUDA_FREE_HOST,     /* cuMemFreeHost                                              */
+    XCCL_CUDA_UNPIN_FREE,    /* cuMemHostUnregister, then free()                          */
+    XCCL_CUDA_IPC_CLOSE,     /* cuIpcCloseMemHandle                                        */
+} xccl_cuda_release_kind_t;
+void xccl_cuda_release(xccl_cuda_release_kind_t kind, void *p);
+/* Device memory allocated without an implicit synchronisation, on xccl's stream
+ * (cuMemAllocAsync; legacy IPC cannot export it), for xccl_cuda_free_any. NULL with the error
+ * set when the driver has no stream-ordered allocator or is out of memory. */
+void *xccl_cuda_alloc_async(size_t nbytes);
+/* Frees memory from cuMemAlloc or xccl_cuda_alloc_async, whichever it came from. */
+void xccl_cuda_free_any(void *p);
 
 /* Events without timing, recycled: get returns one ready to record (NULL and the error set
  * when the driver fails); put gives it back (it may still be pending: it is only re-recorded). */

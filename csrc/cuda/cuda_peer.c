@@ -13,6 +13,9 @@
  * an operation maps at most its peers' buffers, far fewer, and uses them right away, so the
  * entries an operation in flight uses are never the least recently used.
  *
+ * Opening a handle may synchronise the device (cuda_lib.h): while a stream waits for a gate,
+ * import_mem answers XCCL_INPROGRESS and the algorithm tries again on a later pass.
+ *
  * Memory legacy IPC cannot export (cudaMallocAsync pools, VMM allocations such as PyTorch's
  * expandable segments) answers XCCL_ERR_NOT_SUPPORTED: the algorithm then falls back to
  * messages. Thread-safe (one lock): contexts may call from their own threads.
@@ -127,7 +130,12 @@ xccl_status_t xccl_cuda_import_mem(const void *blob, size_t len, void **ptr)
         CUdeviceptr    m = 0;
         CUresult       rc;
         memcpy(h.reserved, b.handle, IPC_HANDLE_BYTES);
+        if (!xccl_cuda_sync_begin()) { /* a stream waits for a gate: the caller tries again */
+            pthread_mutex_unlock(&mu);
+            return XCCL_INPROGRESS;
+        }
         rc = xccl_cu.IpcOpenMemHandle(&m, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+        xccl_cuda_sync_end();
         if (rc != CUDA_SUCCESS) {
             pthread_mutex_unlock(&mu);
             return xccl_cuda_fail(rc, "cuIpcOpenMemHandle (a peer's buffer)");

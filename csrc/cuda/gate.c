@@ -9,20 +9,29 @@
 
 #include "core/check.h"
 
+static void free_flags(xccl_gates_t *g)
+{
+    free(g->busy);
+    free(g->waited);
+    free(g->owner);
+    g->busy   = NULL;
+    g->waited = NULL;
+    g->owner  = NULL;
+}
+
 xccl_status_t xccl_gates_init(xccl_gates_t *g, uint32_t *words, uint32_t n)
 {
     memset(g, 0, sizeof *g);
     if (words == NULL || n < 2 || (n & (n - 1)) != 0)
         return XCCL_ERROR(XCCL_ERR_INVALID_ARG, "gates: %u words (need a power of two >= 2)", n);
-    g->busy  = calloc(n, 1);
-    g->owner = calloc(n, sizeof *g->owner);
-    if (g->busy == NULL || g->owner == NULL) {
-        free(g->busy);
-        free(g->owner);
-        g->busy  = NULL;
-        g->owner = NULL;
+    g->busy   = calloc(n, 1);
+    g->waited = calloc(n, 1);
+    g->owner  = calloc(n, sizeof *g->owner);
+    if (g->busy == NULL || g->waited == NULL || g->owner == NULL) {
+        free_flags(g);
         return XCCL_ERROR(XCCL_ERR_NO_MEMORY, "gates: out of memory");
     }
+    atomic_init(&g->nwaited, 0);
     /* the words are plain memory until now; from here on only accessed atomically */
     g->words = (_Atomic uint32_t *)(void *)words;
     for (uint32_t w = 0; w < n; w++)
@@ -31,10 +40,7 @@ xccl_status_t xccl_gates_init(xccl_gates_t *g, uint32_t *words, uint32_t n)
     g->n    = n;
     g->next = n;
     if (pthread_mutex_init(&g->mu, NULL) != 0) {
-        free(g->busy);
-        free(g->owner);
-        g->busy  = NULL;
-        g->owner = NULL;
+        free_flags(g);
         return XCCL_ERROR(XCCL_ERR_INTERNAL, "gates: pthread_mutex_init failed");
     }
     return XCCL_OK;
@@ -43,10 +49,7 @@ xccl_status_t xccl_gates_init(xccl_gates_t *g, uint32_t *words, uint32_t n)
 void xccl_gates_fini(xccl_gates_t *g)
 {
     if (g->busy == NULL) return;
-    free(g->busy);
-    free(g->owner);
-    g->busy  = NULL;
-    g->owner = NULL;
+    free_flags(g);
     pthread_mutex_destroy(&g->mu);
 }
 
@@ -92,8 +95,27 @@ void xccl_gates_open(xccl_gates_t *g, uint32_t ticket)
         atomic_store_explicit(&g->words[w], ticket, memory_order_release);
         g->busy[w] = 0;
         g->nbusy--;
+        if (g->waited[w]) {
+            g->waited[w] = 0;
+            atomic_fetch_sub_explicit(&g->nwaited, 1, memory_order_release);
+        }
     }
     pthread_mutex_unlock(&g->mu);
+}
+
+int xccl_gates_mark_waited(xccl_gates_t *g, uint32_t ticket)
+{
+    uint32_t w = xccl_gates_word(g, ticket);
+    int      closed;
+
+    pthread_mutex_lock(&g->mu);
+    closed = g->busy[w] && g->owner[w] == ticket;
+    if (closed && !g->waited[w]) {
+        g->waited[w] = 1;
+        atomic_fetch_add_explicit(&g->nwaited, 1, memory_order_acq_rel);
+    }
+    pthread_mutex_unlock(&g->mu);
+    return closed;
 }
 
 int xccl_gates_is_open(xccl_gates_t *g, uint32_t ticket)

@@ -12,6 +12,11 @@
  * a stream still waiting for an older ticket on it stays released. Word w starts at w with the
  * counter at n: every first ticket t = n + w is closed until opened.
  *
+ * Waited gates: gate_wait marks a closed gate as waited on by a stream (xccl_gates_mark_waited)
+ * and opening it clears the mark; xccl_gates_nwaited counts the closed gates some stream waits
+ * for. While that count is not zero the CUDA layer makes no call that may synchronise the
+ * device (cuda_lib.h, "Implicit synchronisation").
+ *
  * Thread-safe (one mutex): Works of several communicators take and open gates concurrently.
  */
 #ifndef XCCL_CUDA_GATE_H
@@ -30,6 +35,8 @@ typedef struct xccl_gates {
     uint32_t          n;     /* a power of two */
     uint32_t          next;  /* the next ticket to try */
     uint32_t          nbusy;
+    uint8_t          *waited;  /* n flags: a stream waits for the word's (closed) ticket */
+    _Atomic uint32_t  nwaited; /* closed gates a stream waits for */
     pthread_mutex_t   mu;
 } xccl_gates_t;
 
@@ -50,5 +57,13 @@ static inline uint32_t xccl_gates_word(const xccl_gates_t *g, uint32_t ticket)
 /* 1 if the gate of `ticket` is open: its word is >= ticket in the cyclic order (what the device
  * checks). */
 int xccl_gates_is_open(xccl_gates_t *g, uint32_t ticket);
+/* Marks the gate of `ticket` as waited on by a stream, if it is still closed: 1 (marked; the
+ * caller queues the stream's wait), 0 when it is open already (nothing to wait for). */
+int xccl_gates_mark_waited(xccl_gates_t *g, uint32_t ticket);
+/* The number of closed gates a stream waits for. */
+static inline uint32_t xccl_gates_nwaited(xccl_gates_t *g)
+{
+    return atomic_load_explicit(&g->nwaited, memory_order_acquire);
+}
 
 #endif /* XCCL_CUDA_GATE_H */

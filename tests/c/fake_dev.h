@@ -245,10 +245,10 @@ static xccl_status_t fdev_host_register(void *p, size_t nbytes)
     return XCCL_OK;
 }
 
-static void fdev_host_unregister(void *p)
+static void fdev_host_release(void *p)
 {
-    (void)p;
     __atomic_sub_fetch(&fdev_pinned, 1, __ATOMIC_RELAXED);
+    free(p);
 }
 
 /* Peer access in one address space (the simulator's ranks): a blob is {magic, address,
@@ -424,7 +424,7 @@ static const xccl_exec_ops_t fdev_ops = {
     .gate_open   = fdev_gate_open,
     .gate_wait   = fdev_gate_wait,
     .host_register   = fdev_host_register,
-    .host_unregister = fdev_host_unregister,
+    .host_release    = fdev_host_release,
     .export_mem  = fdev_export,
     .import_mem  = fdev_import,
     .reduce_n    = fdev_reduce_n,

@@ -437,14 +437,22 @@ int main(void)
     if (h_ref == NULL || h_out == NULL) die("malloc");
 
     check_copies();
-    /* the same through pinned host memory (staging buffers are registered so) */
-    for (int i = 0; i < 3; i++)
-        if (ex->host_register(i == 0 ? h_ref : i == 1 ? h_out : h_in[0], MAXB) != XCCL_OK)
-            die("host_register");
-    check_copies();
-    ex->host_unregister(h_ref);
-    ex->host_unregister(h_out);
-    ex->host_unregister(h_in[0]);
+    /* the same through pinned host memory (staging buffers are registered so), in buffers of
+     * their own: host_release frees what it unpins */
+    {
+        unsigned char *keep[3] = {h_ref, h_out, h_in[0]}, *pin[3];
+        for (int i = 0; i < 3; i++) {
+            pin[i] = malloc(MAXB);
+            if (pin[i] == NULL) die("malloc");
+            memcpy(pin[i], keep[i], MAXB);
+            if (ex->host_register(pin[i], MAXB) != XCCL_OK) die("host_register");
+        }
+        h_ref = pin[0], h_out = pin[1], h_in[0] = pin[2];
+        check_copies();
+        for (int i = 0; i < 3; i++)
+            ex->host_release(pin[i]);
+        h_ref = keep[0], h_out = keep[1], h_in[0] = keep[2];
+    }
     check_gates();
     for (int d = 0; d < XCCL_DTYPE_COUNT; d++) {
         for (int op = 0; op <= XCCL_OP_BXOR; op++) {
