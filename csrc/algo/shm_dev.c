@@ -13,8 +13,10 @@
  *   1     wait until every rank's done >= e - 2 (nobody reads r's slot of parity p any more)
  *         and until r's own queued work (the prologue's copy) has finished; export the buffer
  *         peers read or write, write the blob into its slot; publish (signature, flag = e)
- *   2     for every rank, as its flag reaches e (signature checked): import its blob
- *   3     issue the device work below on its executor and wait for it
+ *   2     for every rank, as its flag reaches e (signature checked): import its blob (an
+ *         import refused for now - a caller's stream waits for a gate - is tried again)
+ *   3     issue the device work below on its executor (settled: streams may wait for the
+ *         Work on the device now) and wait for it
  *   4     done = e; wait until every rank's done >= e (nobody reads or writes r's buffers any
  *         more), complete
  *
@@ -217,6 +219,7 @@ static xccl_status_t dev_peers(shm_t *x)
         peer[q] = p;
     }
     SHM_TRY(dev_work(x, peer, srcs));
+    xccl_task_settle(x->t); /* only flags and the device work's events from here on */
     x->st[SHM_PHASE] = PH_WORK;
     return XCCL_OK;
 }

@@ -298,6 +298,12 @@ xccl_status_t xccl_task_mem_import(xccl_task_t *t, const void *blob, size_t len,
  * XCCL_TASK_REDUCE_MAX; dst may alias a source), on the task's executor, like xccl_task_reduce. */
 xccl_status_t xccl_task_reduce_n(xccl_task_t *t, void *dst, const void *const *srcs, int k,
                                  size_t count);
+/* Says that the operation has queued what needs peers' buffers mapped and will map no more
+ * (no xccl_task_mem_import from here on): a caller's stream may now wait for it on the device
+ * (xccl_work_wait_stream) - mapping memory may synchronise the device, which cannot happen
+ * while a stream waits for an operation that still needs it. Counts only for the Work's own
+ * task (not a sub-task: the rest of the operation may still map memory). */
+void          xccl_task_settle(xccl_task_t *t);
 
 enum {
     XCCL_SHARED_SEG = 1u << 0, /* a shared segment (xccl_task_shared)                           */

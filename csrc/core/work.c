@@ -18,6 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+static xccl_status_t wait_loop(xccl_work_t *w, int64_t slice_us, int until_settled);
+
 xccl_work_t *xccl_work_new(xccl_comm_t *comm, work_kind_t kind, const char *name,
                            int64_t timeout_ms)
 {
@@ -103,7 +105,10 @@ void xccl_work_activate(xccl_work_t *w, int blocking)
 
     /* device work: its caller usually does not wait on the CPU (a stream waits for its
      * gate), so the thread takes it over now rather than at its next tick */
-    if (w->gate_exec != NULL) ctx->ndevice++;
+    if (w->gate_exec != NULL) {
+        ctx->ndevice++;
+        w->dseq = ++ctx->dseq;
+    }
     if (!blocking) count_async(ctx, w, w->gate_exec != NULL);
     /* one clock read serves the enqueue time and the deadline */
     w->t_enq       = xccl_now_ns();
@@ -173,6 +178,10 @@ void xccl_work_finish(xccl_work_t *w, xccl_status_t st, const char *msg)
             xccl_coll_notify_failure(w, w->errmsg ? w->errmsg : "failure");
             xccl_coll_break(w->comm, w->seq, w->errmsg ? w->errmsg : "failure");
         }
+        /* a stream that waited for it goes on when its gate opens, with whatever its buffers
+         * hold: the communicator refuses every later call, so the failure cannot go unseen */
+        if (w->kind == WORK_COLL && atomic_load(&w->stream_waited))
+            xccl_coll_break(w->comm, w->seq, w->errmsg ? w->errmsg : "failure");
         /* retire every request still out: posted ones are unlinked, transport-held ones are
          * dropped with their connection (xccl_req_cancel) */
         if (w->kind == WORK_P2P && w->held) xccl_p2p_hold_unlink(ctx, w); /* never posted */
@@ -359,10 +368,15 @@ xccl_status_t xccl_work_wait_stream(xccl_work_t *w, void *stream)
     if (w->gate_exec == NULL)
         return XCCL_ERROR(XCCL_ERR_INVALID_USAGE, "%s: wait_stream needs an operation on device "
                           "memory (this one's buffers are host memory)", w->name);
+    /* the CPU waits while the operation, or one posted before it, may still make a call that
+     * synchronises the device (xccl.h, Streams): such a call would wait for `stream` */
     st = atomic_load(&w->status);
+    if (st == XCCL_INPROGRESS) st = wait_loop(w, -1, 1);
     if (st == XCCL_OK) return XCCL_OK; /* its device work has finished */
     if (st < 0) return XCCL_ERROR(st, "%s", xccl_work_error(w));
-    /* racing with the finish is fine: a gate, once open, lets every later waiter through */
+    /* racing with the finish is fine: a gate, once open, lets every later waiter through
+     * (and a failure seen after the mark breaks the communicator, xccl_work_finish) */
+    atomic_store(&w->stream_waited, 1);
     return w->gate_exec->gate_wait(w->gate, stream);
 }
 
@@ -441,7 +455,25 @@ xccl_status_t xccl_work_wait(xccl_work_t *w, int64_t slice_ms)
     return xccl_work_wait_us(w, slice_ms < 0 ? -1 : slice_ms * 1000);
 }
 
+/* 1 when no device Work of w's context posted up to w is still unsettled (xccl_task_settle):
+ * none of them will make a call that may synchronise the device any more. Lock held. */
+static int settled_upto(xccl_ctx_t *ctx, const xccl_work_t *w)
+{
+    for (const xccl_work_t *x = ctx->dl_head; x != NULL; x = x->dl_next)
+        if (x->gate_exec != NULL && x->dseq <= w->dseq &&
+            !atomic_load_explicit(&x->settled, memory_order_acquire))
+            return 0;
+    return 1;
+}
+
 xccl_status_t xccl_work_wait_us(xccl_work_t *w, int64_t slice_us)
+{
+    return wait_loop(w, slice_us, 0);
+}
+
+/* Drives progress until w completes or, with until_settled, until settled_upto(w); at most
+ * slice_us (< 0: no limit but the Works' deadlines). */
+static xccl_status_t wait_loop(xccl_work_t *w, int64_t slice_us, int until_settled)
 {
     xccl_status_t st = atomic_load(&w->status);
     xccl_ctx_t   *ctx;
@@ -461,6 +493,7 @@ xccl_status_t xccl_work_wait_us(xccl_work_t *w, int64_t slice_us)
         int n = xccl_ctx_progress_locked(ctx);
         if (n > 0) xccl_shared_disarm(&sh);
         if (atomic_load(&w->status) != XCCL_INPROGRESS) break;
+        if (until_settled && settled_upto(ctx, w)) break;
         if (ctx->done_head != NULL) {
             pthread_mutex_unlock(&ctx->lock);
             xccl_ctx_run_callbacks(ctx);

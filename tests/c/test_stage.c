@@ -174,9 +174,11 @@ static uint64_t ctx_stat(xccl_comm_t *c, int which)
 /* ---- tests ---------------------------------------------------------------------------------- */
 
 /* Streams (exec.h): an operation on device memory is ordered after the caller's stream before
- * it queues anything and takes a gate when posted, which opens exactly once however it ends;
- * xccl_work_wait_stream queues a wait on the gate while the Work runs, answers at once when it
- * is done, and refuses a host-memory Work. (A failed Work: test_copy_failure.) */
+ * it queues anything and takes a gate when posted, which opens exactly once however it ends.
+ * xccl_work_wait_stream (xccl.h) queues a wait on the gate of a running Work only once it and
+ * every device Work posted before it have settled (p2p never settles: the test marks one as an
+ * algorithm would), driving progress on the CPU until then; it answers at once when the Work is
+ * done, and refuses a host-memory Work. (A failed Work: test_copy_failure.) */
 static void test_streams(xccl_comm_t *c)
 {
     int              rank = xccl_comm_rank(c), size = xccl_comm_size(c);
@@ -185,22 +187,40 @@ static void test_streams(xccl_comm_t *c)
     xccl_p2p_opts_t  o      = {.mem = XCCL_MEM_CUDA, .stream = stream};
     xccl_coll_opts_t co     = {.mem = XCCL_MEM_CUDA, .stream = stream, .algo = "ring"};
     void            *s = dalloc(4096), *r = dalloc(4096), *h = mem_alloc(XCCL_MEM_HOST, 8);
-    xccl_work_t     *ws = NULL, *wr = NULL, *wh = NULL;
+    void            *s1 = dalloc(64), *r1 = dalloc(64);
+    xccl_work_t     *ws = NULL, *wr = NULL, *wh = NULL, *ws1 = NULL, *wr1 = NULL;
     unsigned         orders = fgate.orders, waits;
     uint64_t         gr;
 
     fill(s, 4096, rank, 40);
-    /* the receive waits for a send posted only after a barrier: still running when asked */
+    fill(s1, 64, rank, 41);
+    /* an exchange whose sends are posted at once (it completes), then a receive whose send is
+     * posted only after a barrier (still running when asked) */
+    CHECK(xccl_irecv_opts(c, r1, 64, from, 89, &o, &wr1) == XCCL_OK);
+    CHECK(xccl_isend_opts(c, s1, 64, to, 89, &o, &ws1) == XCCL_OK);
     CHECK(xccl_irecv_opts(c, r, 4096, from, 90, &o, &wr) == XCCL_OK);
-    CHECK_MSG(fgate.orders == orders + 1 && fgate.order_stream == stream, "orders %u",
+    CHECK_MSG(fgate.orders == orders + 3 && fgate.order_stream == stream, "orders %u",
               fgate.orders - orders);
     gr = wr->gate;
     CHECK(wr->gate_exec == &fdev_ops && fgate_state(gr) == FGATE_CLOSED);
+    /* as if its algorithm had queued all its device work: the CPU waits for the unsettled
+     * exchange posted before it, then the stream waits on the device */
+    atomic_store(&wr->settled, 1);
     waits = fgate.waits;
     CHECK(xccl_work_wait_stream(wr, other) == XCCL_OK);
+    CHECK_MSG(xccl_work_status(wr1) == XCCL_OK && xccl_work_status(ws1) == XCCL_OK,
+              "wait_stream returned before the unsettled Works posted earlier finished: %d %d",
+              xccl_work_status(wr1), xccl_work_status(ws1));
     CHECK_MSG(fgate.waits == waits + 1 && fgate.wait_ticket == gr && fgate.wait_stream == other,
               "wait_stream while running: %u waits, ticket %llu", fgate.waits - waits,
               (unsigned long long)fgate.wait_ticket);
+    CHECK(xccl_work_status(wr) == XCCL_INPROGRESS);
+    (void)check(r1, 64, 64, from, 41, "streams exchange");
+    /* finished: nothing to queue */
+    waits = fgate.waits;
+    CHECK(xccl_work_wait_stream(wr1, stream) == XCCL_OK && fgate.waits == waits);
+    xccl_work_release(wr1);
+    xccl_work_release(ws1);
     sync_all(c);
     CHECK(xccl_isend_opts(c, s, 4096, to, 90, &o, &ws) == XCCL_OK);
     if (wait_ok(ws, "streams send") == XCCL_OK && wait_ok(wr, "streams recv") == XCCL_OK) {
@@ -277,6 +297,8 @@ static void test_streams(xccl_comm_t *c)
     xccl_work_release(wr);
     dfree(s);
     dfree(r);
+    dfree(s1);
+    dfree(r1);
     free(h);
 }
 
@@ -448,6 +470,32 @@ static void test_stuck(xccl_comm_t *a, xccl_comm_t *b, xccl_comm_t *b2)
             xccl_work_release(w);
             w = NULL;
         }
+        xccl_exec_set_for_test(XCCL_MEM_CUDA, old);
+        /* (1b) a collective a stream waits for (settled, as devmap's are once mapped) times
+         * out - the peers never join: the stream goes on when the gate opens, so the
+         * communicator refuses every later call, naming the failure */
+        {
+            xccl_coll_opts_t co = {.mem = XCCL_MEM_CUDA, .stream = (void *)0x99, .algo = "ring"};
+            void            *r  = dalloc(4096);
+            xccl_work_t     *w2 = NULL;
+            if (xccl_allreduce(b, buf, r, 1024, XCCL_FLOAT32, XCCL_OP_SUM, &co, &w) == XCCL_OK) {
+                atomic_store(&w->settled, 1);
+                CHECK(xccl_work_wait_stream(w, (void *)0x98) == XCCL_OK);
+                CHECK(fgate_state(w->gate) == FGATE_CLOSED);
+                CHECK(xccl_work_wait(w, -1) == XCCL_ERR_TIMEOUT);
+                CHECK(fgate_state(w->gate) == FGATE_OPEN);
+                CHECK(xccl_allreduce(b, buf, r, 1024, XCCL_FLOAT32, XCCL_OP_SUM, &co, &w2) ==
+                      XCCL_ERR_REMOTE);
+                CHECK_MSG(strstr(xccl_last_error(), "refused") != NULL &&
+                              strstr(xccl_last_error(), "timed out") != NULL,
+                          "after a failure a stream waited for: %s", xccl_last_error());
+                CHECK(w2 == NULL);
+                xccl_work_release(w);
+                w = NULL;
+            }
+            dfree(r);
+        }
+        old = xccl_exec_set_for_test(XCCL_MEM_CUDA, &slow);
         /* (2) the peer leaves while the copy runs */
         stuck = 1;
         if (post(b2, 1, buf, 5000, 1, 101, XCCL_MEM_CUDA, &w) == XCCL_OK) {

@@ -244,9 +244,11 @@ xccl_status_t xccl_work_wait(xccl_work_t *w, int64_t slice_ms);
 xccl_status_t xccl_work_wait_us(xccl_work_t *w, int64_t slice_us);
 xccl_status_t xccl_work_status(const xccl_work_t *w); /* no progress */
 /* Device memory: makes `stream` (a CUstream; NULL: the legacy default stream) wait until the
- * Work has completed, without blocking the CPU. XCCL_OK when queued (or when the Work already
- * succeeded: nothing to wait for), the Work's error when it has already failed,
- * XCCL_ERR_INVALID_USAGE for a Work on host memory. */
+ * Work has completed. The CPU waits (driving progress) only while this Work, or a device Work
+ * of the context posted before it, may still make a driver call that synchronises the device
+ * (see Streams below); then the wait is queued on the stream and the call returns. XCCL_OK
+ * when queued (or when the Work already succeeded: nothing to wait for), the Work's error when
+ * it has failed by then, XCCL_ERR_INVALID_USAGE for a Work on host memory. */
 xccl_status_t xccl_work_wait_stream(xccl_work_t *w, void *stream);
 /* Message of a failed Work ("" otherwise); valid while the Work is. */
 const char   *xccl_work_error(const xccl_work_t *w);
@@ -298,14 +300,18 @@ typedef struct xccl_p2p_opts {
  * opts->stream before the call (the GPU waits for it: the call never blocks the CPU on the
  * device), on xccl's own stream, with its copies and reductions done by the device. The Work
  * completes (xccl_work_test/wait report XCCL_OK) when its device work has finished.
- * xccl_work_wait_stream orders a stream of the caller after the Work without blocking the CPU;
- * a Work that fails releases such waiting streams too (its error is reported by
- * xccl_work_test/wait/status, never by the device). Caveat: while such a wait holds a stream,
- * the driver calls the operation may still need (mapping a peer's buffer on first use,
- * allocating or freeing device memory) may wait for that stream in turn - always for the
- * legacy default stream - and so for the operation itself: a deadlock. Use it only where the
- * Work's device work is known to be queued (or the stream is one such calls never wait for);
- * xccl's Python layer waits on the CPU instead (xccl.cuda, "Streams"). */
+ * xccl_work_wait_stream orders a stream of the caller after the Work; a Work that fails
+ * releases such waiting streams too (its error is reported by xccl_work_test/wait/status,
+ * never by the device). Deadlock freedom: driver calls that may synchronise the device
+ * (mapping a peer's buffer, allocating or freeing device or pinned memory) would wait for a
+ * stream held by such a wait, and so for the operation itself. xccl makes them only while no
+ * stream waits for an unfinished operation (otherwise it retries later, allocates with the
+ * stream-ordered allocator, or defers a release), and queues a stream's wait only once the
+ * operation and every device operation posted before it will make none any more: on one host
+ * that is when the "devmap" algorithms have mapped their peers' buffers; message-based
+ * operations reach it only when they complete, so for them the CPU waits. The same holds for
+ * other threads of the process: one that frees device memory while a stream waits only waits
+ * for that operation, which completes without it. */
 
 /* Messages between a pair with the same tag are matched in posting order. A receive buffer
  * smaller than the message fails the receive (no truncation). peer = XCCL_ANY_SOURCE receives
