@@ -292,6 +292,12 @@ class _FakeCWork:
             raise self.error
         return True
 
+    def wait_stream(self, stream):
+        self.log.append(("wait_stream", stream))
+        if self.error is not None:
+            raise self.error
+        return True
+
     def is_completed(self):
         return True
 
@@ -334,12 +340,39 @@ class _FakeCall(xcuda.CudaCall):
         return None
 
 
-def test_blocking_cuda_call_returns_once_the_op_finished():
+def test_blocking_cuda_call_orders_the_call_and_current_streams(monkeypatch):
     from xccl import _collectives
 
     log = []
     assert _collectives._done(_FakeCWork(log), [], False, None, _FakeCall(log)) is None
-    assert log == [("wait", None)]  # the CPU waits for the device work (xccl.cuda, Streams)
+    # torch's NCCL semantics: the streams wait on the GPU (xccl.cuda, Streams)
+    assert log == [("wait_stream", 0x50), ("wait_stream", 0x60)]
+    log.clear()
+    assert _collectives._done(_FakeCWork(log), [], False, None, _FakeCall(log, 0x50, 0x50)) is None
+    assert log == [("wait_stream", 0x50)]  # one stream: ordered once
+    log.clear()
+    monkeypatch.setenv("XCCL_CUDA_WAIT", "cpu")
+    assert _collectives._done(_FakeCWork(log), [], False, None, _FakeCall(log)) is None
+    assert log == [("wait", None)]  # the CPU waits for the device work
+    monkeypatch.setenv("XCCL_CUDA_WAIT", "device")
+    with pytest.raises(ValueError, match="XCCL_CUDA_WAIT"):
+        _collectives._done(_FakeCWork(log), [], False, None, _FakeCall(log))
+
+
+def test_async_cuda_work_wait_orders_the_current_stream():
+    from xccl import _collectives
+
+    log = []
+    work = _collectives._done(_FakeCWork(log), [], True, None, _FakeCall(log))
+    assert log == []  # posted: nothing waits
+    assert work.wait() is True
+    assert log == [("wait_stream", 0x60)]  # the stream current at wait(), not the call's
+    log.clear()
+    assert work.wait(timeout=5) is True
+    assert log == [("wait", 5)]  # a timeout: the CPU waits, bounded
+    log.clear()
+    work.synchronize()
+    assert log == [("wait", None)]  # synchronize: the CPU waits for the end
 
 
 def test_list_outputs_copied_on_the_call_stream_after_the_op():

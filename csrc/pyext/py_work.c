@@ -334,6 +334,61 @@ static PyObject *work_wait(xccl_py_work_t *self, PyObject *args, PyObject *kwds)
     return wait_for(self, timeout_ms, timeout_obj);
 }
 
+/* Work.wait_stream(stream): makes CUstream `stream` (0 or 1: the legacy default stream) wait
+ * for an operation on CUDA memory. The CPU waits (GIL released) only until the operation can
+ * no longer need a driver call that synchronises the device (xccl_work_wait_stream); raises
+ * the operation's error when it has failed by then. */
+static PyObject *work_wait_stream(xccl_py_work_t *self, PyObject *arg)
+{
+    xccl_py_state_t   *state = xccl_py_state_of((PyObject *)self);
+    unsigned long long v;
+    xccl_status_t      st;
+
+    if (PyBool_Check(arg) || !PyLong_Check(arg)) {
+        return PyErr_Format(PyExc_TypeError,
+                            "Work.wait_stream: expected a CUstream handle (int), got %.200s",
+                            Py_TYPE(arg)->tp_name);
+    }
+    v = PyLong_AsUnsignedLongLong(arg);
+    if (v == (unsigned long long)-1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return xccl_py_raise_fmt(state, XCCL_ERR_INVALID_ARG,
+                                 "Work.wait_stream: %R is not a CUstream handle (an int in "
+                                 "[0, 2**64))",
+                                 arg);
+    }
+    if (!self->cuda) {
+        return xccl_py_raise(state, XCCL_ERR_INVALID_USAGE,
+                             "Work.wait_stream: the operation is on host memory (no stream to "
+                             "order)");
+    }
+    st = poll(self, 0);
+    if (st < 0) return raise_error_of(self);
+    if (st == XCCL_OK) Py_RETURN_TRUE; /* finished: nothing to wait for */
+    if (self->driving) {
+        /* another thread waits on it (the C library wants one waiter): wait for its end */
+        struct timespec ms = {0, 1000000};
+
+        Py_BEGIN_ALLOW_THREADS
+        while ((st = xccl_work_status(self->work)) == XCCL_INPROGRESS)
+            nanosleep(&ms, NULL);
+        Py_END_ALLOW_THREADS
+    } else {
+        self->driving = 1;
+        Py_BEGIN_ALLOW_THREADS
+        st = xccl_work_wait_stream(self->work, v <= 1 ? NULL : (void *)(uintptr_t)v);
+        Py_END_ALLOW_THREADS
+        self->driving = 0;
+    }
+    if (st < 0) {
+        /* the operation failed meanwhile (its error), or the stream could not be ordered */
+        if (poll(self, 0) < 0) return raise_error_of(self);
+        return xccl_py_raise_fmt(state, st, "Work.wait_stream: %s", xccl_last_error());
+    }
+    (void)poll(self, 0); /* finished meanwhile: its buffers go back now */
+    Py_RETURN_TRUE;
+}
+
 static PyObject *work_is_completed(xccl_py_work_t *self, PyObject *unused)
 {
     (void)unused;
@@ -478,6 +533,11 @@ static PyMethodDef work_methods[] = {
      "wait(timeout=None) -> True\n\nBlocks (GIL released, Ctrl-C honoured) until the operation "
      "completes. Raises its error on failure, XcclTimeoutError if `timeout` seconds pass first "
      "(the operation itself continues)."},
+    {"wait_stream", (PyCFunction)work_wait_stream, METH_O,
+     "wait_stream(stream) -> True\n\nAn operation on CUDA memory: CUstream `stream` (an int; 0 "
+     "is the legacy default stream) waits for it on the GPU. The CPU waits only while the "
+     "operation may still need a driver call that synchronises the device (xccl.cuda, "
+     "Streams). Raises the operation's error if it has failed by then."},
     {"is_completed", (PyCFunction)work_is_completed, METH_NOARGS,
      "is_completed() -> bool: True once the operation has finished, successfully or not."},
     {"is_success", (PyCFunction)work_is_success, METH_NOARGS,

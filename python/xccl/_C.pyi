@@ -132,6 +132,11 @@ class Work:
         operation's error (XcclError subclass) on failure, XcclTimeoutError if `timeout`
         seconds pass first (the operation itself continues). None: no limit but the
         operation's own deadline. Several threads may wait on one Work."""
+    def wait_stream(self, stream: int) -> bool:
+        """CUDA operations: CUstream `stream` (0: the legacy default stream) waits for the
+        operation on the GPU. The CPU waits only while the operation may still need a driver
+        call that synchronises the device. Raises the operation's error if it has failed by
+        then; XcclError for an operation on host memory."""
     @property
     def cuda(self) -> bool: ...  # an operation on CUDA memory
     def is_completed(self) -> bool: ...

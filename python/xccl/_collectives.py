@@ -76,22 +76,24 @@ def _done_cuda(
     finish: Optional[Callable[[], None]],
     cuda: _cuda.CudaCall,
 ) -> Optional[Work]:
-    """_done for an operation on CUDA tensors (xccl.cuda, Streams). The CPU waits for the
-    operation before a call without async_op returns, and before the copy into list outputs,
-    which is queued on the call's stream (so such a call waits even with async_op); the stream
-    that is current afterwards (at wait() for async_op) is ordered after that copy."""
-    event = None
-    if finish is not None:
-        cwork.wait()
-        with cuda.stream_context():
-            finish()
-        event = cuda.record_event()
-        if not async_op and event is not None:
-            event.wait()  # torch: the current stream waits for the copy on the call's stream
+    """_done for an operation on CUDA tensors (xccl.cuda, Streams). A call without async_op
+    orders the call's stream and the current one after the operation. List outputs: the CPU
+    waits for the operation, then their copy is queued on the call's stream (so such a call
+    waits even with async_op), and the stream that is current afterwards (at wait() for
+    async_op) is ordered after that copy."""
+    if finish is None:
+        if async_op:
+            return Work(cwork, outputs, None, None, cuda)
+        cuda.order(cwork, cuda.handle, cuda.current())
+        return None
+    cwork.wait()
+    with cuda.stream_context():
+        finish()
+    event = cuda.record_event()
     if async_op:
         return Work(cwork, outputs, None, event)
-    if finish is None:
-        cwork.wait()
+    if event is not None:
+        event.wait()  # torch: the current stream waits for the copy on the call's stream
     return None
 
 
@@ -186,7 +188,7 @@ def isend(
     peer = canonical_rank(pg, dst, group_dst, "dst")
     cu = _on("isend", stream, ("tensor", tensor))
     cwork = pg.comm.isend(T.prep(tensor), peer, tag, _cuda.handle(cu))
-    return Work(cwork, [tensor])
+    return Work(cwork, [tensor], cuda=cu)
 
 
 def irecv(
@@ -211,7 +213,7 @@ def irecv(
         peer = canonical_rank(pg, src, group_src, "src")
     cu = _on("irecv", stream, ("tensor", tensor))
     cwork = pg.comm.irecv(T.prep(tensor), peer, tag, _cuda.handle(cu))
-    return Work(cwork, [tensor])
+    return Work(cwork, [tensor], cuda=cu)
 
 
 def _other_rank(
@@ -370,7 +372,7 @@ def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list[Work]:
         else:
             peer = _C.ANY_SOURCE if p.group_peer is None else p.group_peer
             cwork = first.comm.irecv(T.prep(p.tensor), peer, p.tag, _cuda.handle(cu))
-        works.append(Work(cwork, [p.tensor]))
+        works.append(Work(cwork, [p.tensor], cuda=cu))
     return works
 
 

@@ -15,6 +15,9 @@ already rely on (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
                        ``PMI_SIZE``
 ``LOCAL_WORLD_SIZE``   processes on this host; else ``SLURM_NTASKS_PER_NODE``,
                        ``OMPI_COMM_WORLD_LOCAL_SIZE``
+``XCCL_CUDA_WAIT``     ``stream`` (default): ``Work.wait()`` and blocking calls on CUDA
+                       tensors make the current stream wait on the GPU; ``cpu``: the CPU
+                       waits until the operation has finished on the GPU
 =====================  ======================================================================
 """
 
@@ -98,6 +101,14 @@ def timeout_seconds(timeout: Union[None, float, int, timedelta], default: float)
     if seconds <= 0:
         raise ValueError(f"timeout must be positive, got {timeout!r}")
     return seconds
+
+
+def cuda_stream_waits() -> bool:
+    """Whether waits on CUDA operations are stream waits (``XCCL_CUDA_WAIT``)."""
+    value = os.environ.get("XCCL_CUDA_WAIT", "stream").strip().lower() or "stream"
+    if value not in ("stream", "cpu"):
+        raise ValueError(f"XCCL_CUDA_WAIT={value!r}: expected 'stream' or 'cpu'")
+    return value == "stream"
 
 
 def auth_key() -> Optional[bytes]:

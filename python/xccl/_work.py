@@ -20,10 +20,10 @@ class Work:
     temporary buffer; the copy into the user's tensors happens exactly once, before
     ``wait()``, ``is_completed()``, ``result()`` or the future report completion.
 
-    On CUDA tensors ``wait()`` and ``synchronize()`` return once the operation has finished on
-    the GPU (the CPU waits; see :mod:`xccl.cuda`, Streams). There, the copy into list outputs
-    is queued on the call's stream when the call returns, and ``wait()`` makes the current
-    stream wait for it.
+    On CUDA tensors ``wait()`` makes the current stream wait for the operation on the GPU
+    (:mod:`xccl.cuda`, Streams) and ``synchronize()`` waits on the CPU until it has finished.
+    There, the copy into list outputs is queued on the call's stream when the call returns, and
+    ``wait()`` makes the current stream wait for it.
     """
 
     __slots__ = (
@@ -35,6 +35,7 @@ class Work:
         "_error",
         "_futures",
         "_hooked",
+        "_cuda",
         "_event",
         "__weakref__",
     )
@@ -45,8 +46,11 @@ class Work:
         outputs: Optional[list[Any]] = None,
         finish: Optional[Callable[[], None]] = None,
         event: Any = None,
+        cuda: Any = None,
     ) -> None:
         self._work = work
+        # the CudaCall of an operation on CUDA tensors whose wait() orders a stream
+        self._cuda = cuda
         # CUDA list outputs: a torch event recorded after their copy on the call's stream
         self._event = event
         self._outputs = [] if outputs is None else outputs
@@ -95,11 +99,18 @@ class Work:
         """Blocks until the operation completes; returns True or raises its error.
 
         `timeout` (seconds or timedelta; None or 0 = the operation's own deadline) raises
-        :class:`XcclTimeoutError` when it passes first; the operation itself continues."""
+        :class:`XcclTimeoutError` when it passes first; the operation itself continues. On
+        CUDA tensors without a timeout: makes the current stream wait for the operation on the
+        GPU instead (:mod:`xccl.cuda`, Streams)."""
         if isinstance(timeout, timedelta):
             timeout = timeout.total_seconds()
         if timeout is not None and timeout <= 0:
             timeout = None
+        if self._cuda is not None and timeout is None:
+            self._cuda.order(self._work, self._cuda.current())
+            if self._work.is_completed():
+                self._on_done()
+            return True
         self._work.wait(timeout)
         self._on_done()
         if self._error is not None:
@@ -140,7 +151,10 @@ class Work:
         """Blocks the CPU until the operation has completed; raises its error. The same as
         :meth:`wait` for host operations; for CUDA operations the GPU work has finished when
         it returns (list outputs: their copy too)."""
-        self.wait()
+        self._work.wait()
+        self._on_done()
+        if self._error is not None:
+            raise self._error
         if self._event is not None:
             self._event.synchronize()
 

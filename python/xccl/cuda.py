@@ -19,19 +19,28 @@ stream of the tensor's framework (torch's ``current_stream(device)``, CuPy's cur
 the legacy default stream for other DLPack producers). With ``async_op=True`` the call returns
 at once: the operation starts when that stream gets there and runs in the background (its
 copies and reductions on xccl's own stream), so GPU work queued meanwhile overlaps it.
-``Work.wait()``, ``Work.synchronize()`` and a call with ``async_op=False`` return once the
-operation has finished on the GPU (the CPU waits, as with gloo's CUDA path), so any stream may
-use the results afterwards; ``Work.is_completed()`` polls. ``stream=`` on host tensors is an
-error. The copy into list outputs (all_gather, gather, all_to_all) is queued on the call's
-stream right after the operation, and ``wait()`` makes the current stream wait for it.
+``Work.wait()`` and a call with ``async_op=False`` behave as torch's NCCL backend: they make the
+current stream (and, for a call, the call's stream) wait for the operation on the GPU, so work
+queued there afterwards runs after it, and return without waiting for the GPU. The CPU waits
+only while the operation may still need a driver call that synchronises the device (see
+below). ``Work.synchronize()`` waits on the CPU until the operation has finished on the GPU;
+``Work.is_completed()`` polls; ``wait(timeout=...)`` waits on the CPU (the timeout bounds it).
+An operation that fails after a stream started waiting for it releases that stream; its error
+is raised by ``synchronize()``, ``is_completed()``/``exception()`` and the next call on the
+group. ``stream=`` on host tensors is an error. The copy into list outputs (all_gather, gather,
+all_to_all) is queued on the call's stream once the operation has finished (the CPU waits for
+that), and ``wait()`` makes the current stream wait for the copy. ``XCCL_CUDA_WAIT=cpu`` makes
+every wait a CPU wait until the operation has finished on the GPU (gloo's CUDA behaviour).
 
-Why the CPU waits: making a stream wait for the operation on the device (torch's NCCL
-backend's ``wait()``) needs every piece of the operation's device work queued when the stream
-starts waiting. xccl's engine queues it as the operation progresses (after its peers joined,
-mapping their buffers on first use), and the driver calls that maps or frees memory wait for
-the legacy default stream - which would then wait for the operation: a deadlock, seen on an
-H200. The C API keeps the device-side wait (``xccl_work_wait_stream``) for callers that queue
-no such work meanwhile.
+When the CPU waits: the driver calls that map a peer's buffer or allocate and free memory may
+wait for every stream of the process, a stream that waits for an xccl operation included; if
+the operation itself still needed such a call, neither would ever go on. So xccl makes those
+calls only while no stream waits for an unfinished operation (otherwise it tries again later,
+allocates with the stream-ordered allocator, or defers a release), and lets a stream wait for
+an operation only once the operation - and every earlier one - will make none any more: on
+one host the "devmap" collectives reach that point once their peers' buffers are mapped;
+message-based operations (point-to-point, the staged host path) only when they finish, so a
+wait on them is a CPU wait until the end.
 """
 
 from __future__ import annotations
@@ -40,7 +49,7 @@ import sys
 from contextlib import nullcontext
 from typing import Any, Optional
 
-from . import _C
+from . import _C, _env
 
 __all__ = ["build_info", "current_device", "is_available", "set_device"]
 
@@ -184,6 +193,21 @@ class CudaCall:
         self.framework = framework
         self.device = device
         self.handle = handle
+
+    def current(self) -> int:
+        """The framework's current stream on the call's GPU, now."""
+        return _current_stream(self.framework, self.device)
+
+    def order(self, cwork: Any, *streams: int) -> None:
+        """Makes each of `streams` (CUstream handles; repeats are ordered once) wait for C
+        Work `cwork` (Streams above): on the GPU, or with ``XCCL_CUDA_WAIT=cpu`` by waiting
+        on the CPU until the operation has finished. Raises the operation's error when it has
+        failed by then."""
+        if not _env.cuda_stream_waits():
+            cwork.wait()
+            return
+        for handle in dict.fromkeys(streams):
+            cwork.wait_stream(handle)
 
     def stream_context(self) -> Any:
         """A context in which the temporaries and copies of a call on tensor lists run on the
