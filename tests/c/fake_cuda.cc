@@ -674,10 +674,16 @@ API CUresult cuModuleLoadData(CUmodule *m, const void *image)
     *m = reinterpret_cast<CUmodule>(new std::map<std::string, Func *>);
     return CUDA_SUCCESS;
 }
-API CUresult cuModuleUnload(CUmodule)
+API CUresult cuModuleUnload(CUmodule m)
 {
     LOCK;
-    return implicit_sync(lk, "cuModuleUnload");
+    CUresult rc = implicit_sync(lk, "cuModuleUnload");
+    if (rc != CUDA_SUCCESS) return rc;
+    auto *tab = reinterpret_cast<std::map<std::string, Func *> *>(m);
+    for (auto &f : *tab)
+        delete f.second;
+    delete tab;
+    return CUDA_SUCCESS;
 }
 API CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name)
 {

@@ -34,11 +34,12 @@
 /* the driver's entry points, by the names cuda.h gives them (cuMemAlloc is cuMemAlloc_v2) */
 #define DRV(X)                                                                                     \
     X(cuInit) X(cuDevicePrimaryCtxRetain) X(cuCtxSetCurrent) X(cuDeviceGetAttribute)              \
-    X(cuStreamCreateWithPriority) X(cuStreamWaitValue32) X(cuStreamSynchronize) X(cuStreamQuery)  \
-    X(cuEventCreate) X(cuEventRecord) X(cuEventSynchronize) X(cuMemAlloc) X(cuMemFree)            \
-    X(cuMemAllocAsync) X(cuMemFreeAsync) X(cuMemHostAlloc) X(cuMemcpyAsync)                      \
-    X(cuMemGetAddressRange) X(cuPointerGetAttribute) X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle)   \
-    X(cuIpcCloseMemHandle) X(cuModuleLoadData) X(cuModuleGetFunction) X(cuLaunchKernel)
+    X(cuStreamCreateWithPriority) X(cuStreamDestroy) X(cuStreamWaitValue32)                       \
+    X(cuStreamSynchronize) X(cuStreamQuery) X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord)   \
+    X(cuEventSynchronize) X(cuMemAlloc) X(cuMemFree) X(cuMemAllocAsync) X(cuMemFreeAsync)         \
+    X(cuMemHostAlloc) X(cuMemFreeHost) X(cuMemcpyAsync) X(cuMemGetAddressRange)                   \
+    X(cuPointerGetAttribute) X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle) X(cuIpcCloseMemHandle)    \
+    X(cuModuleLoadData) X(cuModuleUnload) X(cuModuleGetFunction) X(cuLaunchKernel)
 #define FIELD(f) __typeof__(&f) f;
 static struct {
     DRV(FIELD)
@@ -177,6 +178,7 @@ static void test_timeout(uint32_t *word)
     CHECK(dst[0] == 1000 && dst[63] == 1063);
     CHECK(d.cuMemGetAddressRange(&base, &size, x) == CUDA_ERROR_NOT_FOUND);
     CHECK(d.cuMemFree((CUdeviceptr)(uintptr_t)dst) == CUDA_SUCCESS);
+    CHECK(d.cuStreamDestroy(s) == CUDA_SUCCESS);
 }
 
 /* (b) another thread calls the driver, then opens the word with a store, after ~50 ms */
@@ -242,6 +244,8 @@ static void test_released(uint32_t *word, int which)
               name[which], dst[0], dst[63]);
     if (which != 0) CHECK(d.cuMemFree(x) == CUDA_SUCCESS);
     CHECK(d.cuMemFree((CUdeviceptr)(uintptr_t)dst) == CUDA_SUCCESS);
+    CHECK(d.cuStreamDestroy(s) == CUDA_SUCCESS && d.cuStreamDestroy(other) == CUDA_SUCCESS);
+    CHECK(d.cuEventDestroy(ev) == CUDA_SUCCESS);
 }
 
 /* (c) the stream-ordered allocator does not synchronise */
@@ -282,6 +286,7 @@ static void test_async_alloc(uint32_t *word)
     CHECK(d.cuStreamSynchronize(s) == CUDA_SUCCESS);
     CHECK(d.cuMemGetAddressRange(&base, &size, p) == CUDA_ERROR_NOT_FOUND);
     CHECK(dst[3] == 4);
+    CHECK(d.cuStreamDestroy(s) == CUDA_SUCCESS);
 }
 
 /* (d) IPC across fork: the child's allocation, read and written by the parent's copies and
@@ -416,6 +421,7 @@ static void test_ipc(void)
     close(up[0]);
     close(down[1]);
     CHECK(d.cuMemFree(local) == CUDA_SUCCESS && d.cuMemFree(back) == CUDA_SUCCESS);
+    CHECK(d.cuModuleUnload(mod) == CUDA_SUCCESS);
 }
 
 int main(void)
@@ -432,6 +438,7 @@ int main(void)
         test_released(word, which);
     test_async_alloc(word);
     test_ipc();
+    CHECK(d.cuMemFreeHost(word) == CUDA_SUCCESS);
     CTEST_MAIN_END("test_fake_sync");
 }
 #else
