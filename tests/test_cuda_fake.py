@@ -3,8 +3,9 @@ tests/c/fake_cuda.cc ($XCCL_CUDA_LIB; device memory is host memory from its cuMe
 streams a simulator that runs the real kernels compiled for the host), and DLPack producers
 export that memory as kDLCUDA tensors. Two ranks run collectives, P2P and the refusals through
 xccl._C's CUDA paths (stream= handed to the producer, the checks, XCCL_MEM_CUDA, Work.wait
-ordering a stream, synchronize). Needs an xccl built with CUDA support and a C++ compiler;
-skipped otherwise."""
+ordering a stream, synchronize), and with the node-shared segment the "devmap" algorithms,
+whose kernels and copies work on peers' buffers mapped through the fake driver's IPC. Needs an
+xccl built with CUDA support and a C++ compiler; skipped otherwise."""
 
 from __future__ import annotations
 
@@ -66,11 +67,9 @@ def _driver() -> Any:
 
 
 def _env(fake_lib: str, **extra: str) -> dict[str, str]:
-    """The ranks' environment: the fake driver, and no node-shared segment - the one-host
-    device algorithms ("devmap") run kernels on peers' mapped buffers, which the fake driver
-    cannot emulate (its mappings are read by copies only); they are tested in the simulator
-    (tests/c/test_algo_shm.c) and on a GPU (tests/gpu). Here the operations go through the
-    cuda_ipc transport."""
+    """The ranks' environment: the fake driver, and no node-shared segment, so the operations
+    go through the cuda_ipc transport rather than the one-host device algorithms ("devmap",
+    test_devmap_on_fake_device)."""
     return {"XCCL_CUDA_LIB": fake_lib, "XCCL_SHARED": "0", **extra}
 
 
@@ -208,3 +207,53 @@ def test_blocking_calls_in_a_row_on_fake_device(fake_lib):
     # while xccl's stream itself waited for the caller's)
     assert run_spmd(blocking_body, 2, timeout=60.0, pg_timeout=20.0,
                     env=_env(fake_lib)) == [True, True]
+
+
+def _rank_values(rank: int, n: int) -> Any:
+    """Rank `rank`'s input: small integers as float32, so every sum is exact in any order."""
+    import numpy as np
+
+    return np.random.default_rng(1000 + rank).integers(-50, 50, n).astype(np.float32)
+
+
+def devmap_body(rank: int, ws: int) -> dict[str, Any]:
+    import numpy as np
+
+    import xccl
+
+    lib = _driver()
+    res: dict[str, Any] = {}
+    mine = _rank_values(rank, ws * N)
+    every = [_rank_values(r, ws * N) for r in range(ws)]
+
+    def run(name: str, work: Any, got: Any, want: Any) -> None:
+        work.synchronize()
+        res[name] = (work.algo, bool(np.array_equal(np.asarray(got(), np.float32), want)))
+
+    x = _Dev(lib, N, mine[:N].tolist())
+    run("all_reduce", xccl.all_reduce(x.tensor, async_op=True), x.get,
+        np.sum([v[:N] for v in every], axis=0))
+    x.set(mine[:N].tolist())
+    run("broadcast", xccl.broadcast(x.tensor, src=ws - 1, async_op=True), x.get,
+        every[ws - 1][:N])
+    big = _Dev(lib, ws * N, [0.0] * (ws * N))
+    out = _Dev(lib, N, mine[:N].tolist())
+    run("all_gather", xccl.all_gather_into_tensor(big.tensor, out.tensor, async_op=True),
+        big.get, np.concatenate([v[:N] for v in every]))
+    big.set(mine.tolist())
+    run("reduce_scatter", xccl.reduce_scatter_tensor(out.tensor, big.tensor, async_op=True),
+        out.get, np.sum(every, axis=0)[rank * N:(rank + 1) * N])
+    res["leaks"] = [d.tensor.live for d in (x, big, out)]
+    return res
+
+
+def test_devmap_on_fake_device(fake_lib):
+    # with the node-shared segment, collectives on device memory of one host take "devmap":
+    # each rank maps its peers' buffers (the fake driver's IPC maps the exporter's memfd) and
+    # its kernels and copies read and write them directly
+    env = {"XCCL_CUDA_LIB": fake_lib, "XCCL_SHARED": "1"}
+    results = run_spmd(devmap_body, 2, timeout=90.0, pg_timeout=30.0, env=env)
+    for rank, res in enumerate(results):
+        for name in ("all_reduce", "broadcast", "all_gather", "reduce_scatter"):
+            assert res[name] == ("devmap", True), (rank, name, res[name])
+        assert res["leaks"] == [0] * 3, res

@@ -3,38 +3,56 @@
 // fake_cuda.cc - a fake CUDA driver (libcuda.so.1's entry points that xccl uses), built as a
 // shared object and loaded by xccl through $XCCL_CUDA_LIB, so the CUDA device layer, the
 // executor and the GPU kernels run on a machine without a GPU:
-//   - "device memory" is host memory (cuMemAlloc: aligned_alloc), tracked so that
-//     cuPointerGetAttributes answers like the driver (device, range; unknown memory: type 0);
-//   - streams are queues run in order by a simulator: a kernel, copy or event record runs once
-//     everything before it on its stream ran; cuStreamWaitEvent and cuStreamWaitValue32 (GEQ,
-//     cyclic) hold a stream until the event completed or the word reached the value; work runs
-//     only when a stream or event is queried or synchronised (so a result read before its
-//     completion was waited for is stale, as it may be on a GPU). Synchronising a stream that can never advance
-//     fails (CUDA_ERROR_LAUNCH_TIMEOUT) instead of hanging;
+//   - "device memory" is host memory: cuMemAlloc maps a memfd (MAP_SHARED, whole pages, the fd
+//     open until cuMemFree), tracked so that cuPointerGetAttribute(s) and cuMemGetAddressRange
+//     answer like the driver (device, range, buffer id; unknown memory: type 0);
+//   - the stream-ordered allocator: cuMemAllocAsync allocates at once (plain heap memory, not
+//     IPC-capable, device memory to the pointer queries); cuMemFreeAsync queues the free, which
+//     happens when the stream gets there;
+//   - streams are queues run in order by a simulator: a kernel, copy, event record or
+//     stream-ordered free runs once everything before it on its stream ran; cuStreamWaitEvent
+//     and cuStreamWaitValue32 (GEQ, cyclic) hold a stream until the event completed or the word
+//     reached the value. Work runs only when the driver is called (a query, a synchronisation,
+//     an implicitly synchronising call), so a result read before its completion was waited for
+//     is stale, as it may be on a GPU;
+//   - implicit synchronisation, conservatively: cuMemAlloc/Free, cuMemHostAlloc/FreeHost,
+//     cuMemHostRegister/Unregister, cuIpcOpenMemHandle/CloseMemHandle and
+//     cuModuleLoadData/Unload first wait until every stream ran all it held when the call
+//     began (a real driver may); cuStreamSynchronize and cuEventSynchronize wait for their
+//     stream or event. A wait polls with the lock released (another thread may open a gate: a
+//     plain store to the word a stream waits on) and gives up after $FAKE_CUDA_SYNC_TIMEOUT_MS
+//     (default 10000) with a line on stderr naming the stuck stream and
+//     CUDA_ERROR_LAUNCH_TIMEOUT, where a GPU would hang;
 //   - kernels are those of csrc/cuda/kernels.cu compiled for the host (cuda_host_shim.h), run
 //     by a loop over an emulated grid (blocks x threads, each with its own indices); the
 //     module image must start with the fatbin magic (checks the embedding);
-//   - legacy IPC: an allocation's range, buffer id and IPC capability are answered; a handle
-//     names (pid, range, id); opening one reserves an address range here (PROT_NONE) whose
-//     copies read the exporter's memory with process_vm_readv (for the cuda_ipc transport);
+//   - legacy IPC: a handle names (exporter pid, its memfd's fd number, size, buffer id);
+//     opening one opens /proc/<pid>/fd/<fd> and maps it MAP_SHARED, so an imported pointer is
+//     the exporter's memory for copies and kernels alike (a handle whose exporter is gone, or
+//     whose fd now holds another allocation, fails to open);
 //   - one device, compute capability 9.0, 4 multiprocessors.
-// Not a model of concurrency: everything runs under one lock in the calling thread.
+// Not a model of concurrency: every op runs under one lock in the calling thread.
 #include "cuda_host_shim.h"
 
 #include "../../csrc/cuda/kernels.cu"
 
 #include <cuda.h>
 #include <dlfcn.h>
-#include <sys/mman.h>
-#include <sys/uio.h>
-#include <unistd.h>
+#include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <deque>
 #include <map>
 #include <mutex>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 thread_local dim3_t blockIdx, threadIdx, blockDim, gridDim;
@@ -54,8 +72,8 @@ struct Event {
 };
 
 struct Op {
-    enum { COPY, KERNEL, RECORD, WAIT_EVENT, WAIT_VALUE } type;
-    void       *dst = nullptr;
+    enum { COPY, KERNEL, RECORD, WAIT_EVENT, WAIT_VALUE, FREE } type;
+    void       *dst = nullptr; // COPY's destination, FREE's allocation
     const void *src = nullptr;
     size_t      n   = 0;
     Func       *f   = nullptr;
@@ -73,29 +91,39 @@ struct Op {
 
 struct Stream {
     std::deque<Op> q;
+    // ops ever queued and ever run: a synchronising call waits until popped reaches the
+    // pushed it saw on entry; the id survives the stream (the call finds it gone: done)
+    unsigned long pushed = 0, popped = 0;
+    unsigned long id;
 };
 
-std::recursive_mutex          mu;
-Stream                        legacy;
+// Not recursive: a wait drops the lock, which a nested hold would silently keep.
+std::mutex                    mu;
+unsigned long                 next_stream_id = 1;
+Stream                        legacy{{}, 0, 0, 0};
 std::vector<Stream *>         streams{&legacy};
-std::map<uintptr_t, size_t>   allocs; // device allocations: start -> size
-// IPC: a buffer id per allocation; an opened handle is an address range reserved here
-// (PROT_NONE) standing for the exporter's allocation, read with process_vm_readv
-struct Import {
-    int       pid;
-    uintptr_t base;
-    size_t    size;
+struct Alloc {
+    size_t             size;        // as asked for (the range the queries answer)
+    size_t             mapped;      // whole pages mapped (memfd) or 0 (heap, cuMemAllocAsync)
+    int                fd;          // the memfd, -1 for heap memory
+    unsigned long long id;          // buffer id, unique per allocation
+    bool               freeing;     // a cuMemFreeAsync of it is queued
 };
+std::map<uintptr_t, Alloc>    allocs; // device allocations by start
+unsigned long long            next_buffer_id = 1;
+// IPC: the handle names the exporter's memfd by pid and fd number; the memfd's name holds the
+// buffer id, so a handle whose fd was closed and reused for another allocation is refused
 struct IpcHandle {
     uint32_t           magic;
     int32_t            pid;
-    uint64_t           base, size;
+    int32_t            fd;
+    uint32_t           pad;
+    uint64_t           size;
     unsigned long long id;
 };
 static_assert(sizeof(IpcHandle) <= sizeof(CUipcMemHandle), "a handle fits");
-std::map<uintptr_t, unsigned long long> buffer_ids;
-unsigned long long                      next_buffer_id = 1;
-std::map<uintptr_t, Import>             imports; // reservation start -> peer's allocation
+constexpr uint32_t            IPC_MAGIC = 0x43504946u;
+std::map<uintptr_t, size_t>   imports; // an opened handle's mapping: start -> length
 thread_local CUcontext        current;
 CUcontext const               the_ctx = reinterpret_cast<CUcontext>(0x5ca1ab1e);
 
@@ -104,6 +132,27 @@ Stream *stream_of(CUstream s)
     uintptr_t v = reinterpret_cast<uintptr_t>(s);
     if (v == 0 || v == 1 || v == 2) return &legacy; // legacy / per-thread default streams
     return reinterpret_cast<Stream *>(s);
+}
+
+size_t page_round(size_t n)
+{
+    size_t pg = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    return (n + pg - 1) / pg * pg;
+}
+
+std::string memfd_name(unsigned long long id) { return "fake_cuda:" + std::to_string(id); }
+
+// Releases an allocation's memory and forgets it.
+void release(std::map<uintptr_t, Alloc>::iterator it)
+{
+    void *m = reinterpret_cast<void *>(it->first);
+    if (it->second.fd >= 0) {
+        munmap(m, it->second.mapped);
+        close(it->second.fd);
+    } else {
+        free(m);
+    }
+    allocs.erase(it);
 }
 
 void run_kernel(Op &op)
@@ -137,31 +186,6 @@ void run_kernel(Op &op)
     }
 }
 
-// The import holding [p, p + n), or nullptr.
-const std::pair<const uintptr_t, Import> *import_of(uintptr_t p, size_t n)
-{
-    auto it = imports.upper_bound(p);
-    if (it == imports.begin()) return nullptr;
-    --it;
-    return p + n <= it->first + it->second.size ? &*it : nullptr;
-}
-
-// A copy; a source in an opened handle is read from the exporter's process.
-void copy_op(const Op &op)
-{
-    const auto *im = import_of(reinterpret_cast<uintptr_t>(op.src), op.n);
-    if (im == nullptr) {
-        memmove(op.dst, op.src, op.n);
-        return;
-    }
-    struct iovec l = {op.dst, op.n};
-    struct iovec r = {reinterpret_cast<void *>(im->second.base + (reinterpret_cast<uintptr_t>(op.src) -
-                                                                 im->first)),
-                      op.n};
-    if (op.n > 0 && process_vm_readv(im->second.pid, &l, 1, &r, 1, 0) != static_cast<ssize_t>(op.n))
-        memset(op.dst, 0xEE, op.n); // the exporter is gone: what a GPU would read is undefined
-}
-
 // Runs every op that can run, on every stream, until none can.
 void advance()
 {
@@ -175,10 +199,15 @@ void advance()
                 if (op.type == Op::WAIT_VALUE &&
                     static_cast<int32_t>(__atomic_load_n(op.word, __ATOMIC_ACQUIRE) - op.value) < 0)
                     break;
-                if (op.type == Op::COPY) copy_op(op);
+                if (op.type == Op::COPY) memmove(op.dst, op.src, op.n);
                 if (op.type == Op::KERNEL) run_kernel(op);
                 if (op.type == Op::RECORD) op.ev->done = op.gen;
+                if (op.type == Op::FREE) {
+                    auto it = allocs.find(reinterpret_cast<uintptr_t>(op.dst));
+                    if (it != allocs.end()) release(it);
+                }
                 s->q.pop_front();
+                s->popped++;
                 moved = true;
             }
         }
@@ -187,11 +216,84 @@ void advance()
 
 CUresult push(CUstream s, const Op &op)
 {
-    stream_of(s)->q.push_back(op); // runs when someone queries or synchronises
+    Stream *st = stream_of(s);
+    st->q.push_back(op); // runs when the driver is next called
+    st->pushed++;
     return CUDA_SUCCESS;
 }
 
-#define LOCK std::lock_guard<std::recursive_mutex> lock_(mu)
+Stream *stream_by_id(unsigned long id)
+{
+    for (Stream *s : streams)
+        if (s->id == id) return s;
+    return nullptr;
+}
+
+using Lock = std::unique_lock<std::mutex>;
+
+// Polls (advance(), then done()) with the lock released between polls, so that another
+// thread can call in or store to a word a stream waits on; false once
+// $FAKE_CUDA_SYNC_TIMEOUT_MS (default 10 s) passed without done().
+template <class Done> bool wait_until(Lock &lk, Done done)
+{
+    const char *env = getenv("FAKE_CUDA_SYNC_TIMEOUT_MS");
+    long        ms  = env != nullptr && *env != '\0' ? strtol(env, nullptr, 10) : 10000;
+    auto        end = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+    for (;;) {
+        advance();
+        if (done()) return true;
+        if (std::chrono::steady_clock::now() >= end) return false;
+        lk.unlock();
+        std::this_thread::sleep_for(std::chrono::microseconds(150));
+        lk.lock();
+    }
+}
+
+// The line a GPU would not print: `call` would hang on stream `s`, whose first op cannot run.
+void report_hang(const char *call, const Stream *s, const char *why)
+{
+    char head[160] = "";
+    if (!s->q.empty() && s->q.front().type == Op::WAIT_VALUE)
+        snprintf(head, sizeof head, "; it waits for the word at %p to reach %u, which holds %u",
+                 static_cast<const void *>(s->q.front().word), s->q.front().value,
+                 __atomic_load_n(s->q.front().word, __ATOMIC_ACQUIRE));
+    else if (!s->q.empty() && s->q.front().type == Op::WAIT_EVENT)
+        snprintf(head, sizeof head, "; it waits for event %p, recorded on a stream that is stuck",
+                 static_cast<const void *>(s->q.front().ev));
+    if (s == &legacy)
+        fprintf(stderr, "fake_cuda: %s would hang: the legacy default stream cannot run what was "
+                        "queued before the call (%s)%s\n", call, why, head);
+    else
+        fprintf(stderr, "fake_cuda: %s would hang: stream %p cannot run what was queued before "
+                        "the call (%s)%s\n", call, static_cast<const void *>(s), why, head);
+}
+
+// What cuMemFree and the other implicitly synchronising calls do first: wait until every
+// stream ran all the ops it held on entry (later ones are not waited for).
+CUresult implicit_sync(Lock &lk, const char *call)
+{
+    std::vector<std::pair<unsigned long, unsigned long>> due; // stream id, ops pushed
+    const Stream *stuck = nullptr;
+    for (const Stream *s : streams)
+        due.emplace_back(s->id, s->pushed);
+    auto done = [&] {
+        for (const auto &d : due) {
+            const Stream *s = stream_by_id(d.first); // destroyed: it ran everything
+            if (s != nullptr && s->popped < d.second) {
+                stuck = s;
+                return false;
+            }
+        }
+        return true;
+    };
+    if (wait_until(lk, done)) return CUDA_SUCCESS;
+    report_hang(call, stuck,
+                "an implicitly synchronising call while a stream waits for something only the "
+                "host can release");
+    return CUDA_ERROR_LAUNCH_TIMEOUT;
+}
+
+#define LOCK Lock lk(mu)
 
 } // namespace
 
@@ -225,6 +327,7 @@ API CUresult cuDeviceGetAttribute(int *v, CUdevice_attribute a, CUdevice)
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *v = 9; break;
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *v = 0; break;
     case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *v = 4; break;
+    case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: *v = 1; break; // cuMemAllocAsync only
     default: *v = 0; break;
     }
     return CUDA_SUCCESS;
@@ -244,6 +347,7 @@ API CUresult cuStreamCreateWithPriority(CUstream *s, unsigned int, int)
     LOCK;
     NEED_CTX;
     Stream *st = new Stream;
+    st->id     = next_stream_id++;
     streams.push_back(st);
     *s = reinterpret_cast<CUstream>(st);
     return CUDA_SUCCESS;
@@ -285,8 +389,15 @@ API CUresult cuStreamWaitValue32(CUstream s, CUdeviceptr addr, cuuint32_t value,
 API CUresult cuStreamSynchronize(CUstream s)
 {
     LOCK;
-    advance();
-    return stream_of(s)->q.empty() ? CUDA_SUCCESS : CUDA_ERROR_LAUNCH_TIMEOUT;
+    const Stream       *st  = stream_of(s);
+    const unsigned long id  = st->id, due = st->pushed;
+    auto                done = [&] {
+        st = stream_by_id(id);
+        return st == nullptr || st->popped >= due;
+    };
+    if (wait_until(lk, done)) return CUDA_SUCCESS;
+    report_hang("cuStreamSynchronize", st, "nothing released what it waits for");
+    return CUDA_ERROR_LAUNCH_TIMEOUT;
 }
 API CUresult cuStreamQuery(CUstream s)
 {
@@ -324,18 +435,38 @@ API CUresult cuEventQuery(CUevent e)
 }
 API CUresult cuEventSynchronize(CUevent e)
 {
-    CUresult rc = cuEventQuery(e);
-    return rc == CUDA_ERROR_NOT_READY ? CUDA_ERROR_LAUNCH_TIMEOUT : rc;
+    LOCK;
+    const Event        *ev  = reinterpret_cast<Event *>(e);
+    const unsigned long due = ev->recorded;
+    if (wait_until(lk, [&] { return ev->done >= due; })) return CUDA_SUCCESS;
+    for (const Stream *s : streams) // the stream holding the record
+        for (const Op &op : s->q)
+            if (op.type == Op::RECORD && op.ev == ev) {
+                report_hang("cuEventSynchronize", s, "nothing released what it waits for");
+                return CUDA_ERROR_LAUNCH_TIMEOUT;
+            }
+    return CUDA_ERROR_LAUNCH_TIMEOUT;
 }
 API CUresult cuEventElapsedTime(float *ms, CUevent, CUevent) { *ms = 0; return CUDA_SUCCESS; }
 API CUresult cuMemAlloc(CUdeviceptr *p, size_t n)
 {
     LOCK;
     NEED_CTX;
-    void *m = aligned_alloc(256, (n + 255) / 256 * 256);
-    if (m == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
-    allocs[reinterpret_cast<uintptr_t>(m)]     = n;
-    buffer_ids[reinterpret_cast<uintptr_t>(m)] = next_buffer_id++;
+    if (n == 0) return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = implicit_sync(lk, "cuMemAlloc");
+    if (rc != CUDA_SUCCESS) return rc;
+    unsigned long long id  = next_buffer_id++;
+    size_t             len = page_round(n);
+    int                fd  = memfd_create(memfd_name(id).c_str(), MFD_CLOEXEC);
+    if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    void *m = ftruncate(fd, static_cast<off_t>(len)) == 0
+                  ? mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+                  : MAP_FAILED;
+    if (m == MAP_FAILED) {
+        close(fd);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    allocs[reinterpret_cast<uintptr_t>(m)] = Alloc{n, len, fd, id, false};
     *p = reinterpret_cast<CUdeviceptr>(m);
     return CUDA_SUCCESS;
 }
@@ -343,24 +474,68 @@ API CUresult cuMemFree(CUdeviceptr p)
 {
     LOCK;
     NEED_CTX;
-    if (allocs.erase(static_cast<uintptr_t>(p)) != 1) return CUDA_ERROR_INVALID_VALUE;
-    buffer_ids.erase(static_cast<uintptr_t>(p));
-    free(reinterpret_cast<void *>(p));
+    CUresult rc = implicit_sync(lk, "cuMemFree");
+    if (rc != CUDA_SUCCESS) return rc;
+    auto it = allocs.find(static_cast<uintptr_t>(p));
+    if (it == allocs.end() || it->second.freeing) return CUDA_ERROR_INVALID_VALUE;
+    release(it);
     return CUDA_SUCCESS;
+}
+// The stream-ordered allocator, which does not synchronise: heap memory, no IPC.
+API CUresult cuMemAllocAsync(CUdeviceptr *p, size_t n, CUstream)
+{
+    LOCK;
+    NEED_CTX;
+    if (n == 0) return CUDA_ERROR_INVALID_VALUE;
+    void *m = aligned_alloc(256, (n + 255) / 256 * 256);
+    if (m == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+    allocs[reinterpret_cast<uintptr_t>(m)] = Alloc{n, 0, -1, next_buffer_id++, false};
+    *p = reinterpret_cast<CUdeviceptr>(m);
+    return CUDA_SUCCESS;
+}
+API CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s)
+{
+    LOCK;
+    NEED_CTX;
+    auto it = allocs.find(static_cast<uintptr_t>(p));
+    if (it == allocs.end() || it->second.freeing) return CUDA_ERROR_INVALID_VALUE;
+    it->second.freeing = true;
+    Op op;
+    op.type = Op::FREE;
+    op.dst  = reinterpret_cast<void *>(p);
+    return push(s, op);
 }
 API CUresult cuMemHostAlloc(void **p, size_t n, unsigned int)
 {
+    LOCK;
+    CUresult rc = implicit_sync(lk, "cuMemHostAlloc");
+    if (rc != CUDA_SUCCESS) return rc;
     *p = aligned_alloc(4096, (n + 4095) / 4096 * 4096);
     return *p ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
-API CUresult cuMemFreeHost(void *p) { free(p); return CUDA_SUCCESS; }
+API CUresult cuMemFreeHost(void *p)
+{
+    LOCK;
+    CUresult rc = implicit_sync(lk, "cuMemFreeHost");
+    if (rc != CUDA_SUCCESS) return rc;
+    free(p);
+    return CUDA_SUCCESS;
+}
 API CUresult cuMemHostGetDevicePointer(CUdeviceptr *d, void *p, unsigned int)
 {
     *d = reinterpret_cast<CUdeviceptr>(p);
     return CUDA_SUCCESS;
 }
-API CUresult cuMemHostRegister(void *, size_t, unsigned int) { return CUDA_SUCCESS; }
-API CUresult cuMemHostUnregister(void *) { return CUDA_SUCCESS; }
+API CUresult cuMemHostRegister(void *, size_t, unsigned int)
+{
+    LOCK;
+    return implicit_sync(lk, "cuMemHostRegister");
+}
+API CUresult cuMemHostUnregister(void *)
+{
+    LOCK;
+    return implicit_sync(lk, "cuMemHostUnregister");
+}
 API CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s)
 {
     LOCK;
@@ -376,12 +551,12 @@ API CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream 
 }
 API CUresult cuMemsetD8Async(CUdeviceptr, unsigned char, size_t, CUstream) { return CUDA_ERROR_NOT_SUPPORTED; }
 // The device allocation holding p, or allocs.end().
-std::map<uintptr_t, size_t>::iterator alloc_of(CUdeviceptr p)
+std::map<uintptr_t, Alloc>::iterator alloc_of(CUdeviceptr p)
 {
     auto it = allocs.upper_bound(static_cast<uintptr_t>(p));
     if (it == allocs.begin()) return allocs.end();
     --it;
-    return static_cast<uintptr_t>(p) < it->first + it->second ? it : allocs.end();
+    return static_cast<uintptr_t>(p) < it->first + it->second.size ? it : allocs.end();
 }
 API CUresult cuMemGetAddressRange(CUdeviceptr *base, size_t *size, CUdeviceptr p)
 {
@@ -390,7 +565,7 @@ API CUresult cuMemGetAddressRange(CUdeviceptr *base, size_t *size, CUdeviceptr p
     auto it = alloc_of(p);
     if (it == allocs.end()) return CUDA_ERROR_NOT_FOUND;
     *base = static_cast<CUdeviceptr>(it->first);
-    *size = it->second;
+    *size = it->second.size;
     return CUDA_SUCCESS;
 }
 API CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attr, CUdeviceptr p)
@@ -400,10 +575,10 @@ API CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attr, CUdevic
     if (it == allocs.end()) return CUDA_ERROR_INVALID_VALUE;
     switch (attr) {
     case CU_POINTER_ATTRIBUTE_BUFFER_ID:
-        *static_cast<unsigned long long *>(data) = buffer_ids[it->first];
+        *static_cast<unsigned long long *>(data) = it->second.id;
         return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
-        *static_cast<unsigned char *>(data) = 1; // a bool, one byte
+        *static_cast<unsigned char *>(data) = it->second.fd >= 0; // a bool, one byte
         return CUDA_SUCCESS;
     default: return CUDA_ERROR_INVALID_VALUE;
     }
@@ -411,12 +586,8 @@ API CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attr, CUdevic
 API CUresult cuPointerGetAttributes(unsigned int n, CUpointer_attribute *attrs, void **data, CUdeviceptr p)
 {
     LOCK;
-    auto it = allocs.upper_bound(static_cast<uintptr_t>(p));
-    bool dev = false;
-    if (it != allocs.begin()) {
-        --it;
-        dev = p >= it->first && p < it->first + it->second;
-    }
+    auto it  = alloc_of(p);
+    bool dev = it != allocs.end();
     for (unsigned i = 0; i < n; i++) {
         switch (attrs[i]) {
         case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
@@ -427,7 +598,9 @@ API CUresult cuPointerGetAttributes(unsigned int n, CUpointer_attribute *attrs, 
         case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
             *static_cast<CUdeviceptr *>(data[i]) = dev ? it->first : 0;
             break;
-        case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *static_cast<size_t *>(data[i]) = dev ? it->second : 0; break;
+        case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+            *static_cast<size_t *>(data[i]) = dev ? it->second.size : 0;
+            break;
         default: return CUDA_ERROR_INVALID_VALUE;
         }
     }
@@ -438,9 +611,9 @@ API CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p)
     LOCK;
     NEED_CTX;
     auto it = allocs.find(static_cast<uintptr_t>(p)); // the base of an allocation only
-    if (it == allocs.end()) return CUDA_ERROR_INVALID_VALUE;
-    IpcHandle v = {0x43504946u, static_cast<int32_t>(getpid()), it->first, it->second,
-                   buffer_ids[it->first]};
+    if (it == allocs.end() || it->second.fd < 0) return CUDA_ERROR_INVALID_VALUE;
+    IpcHandle v = {IPC_MAGIC, static_cast<int32_t>(getpid()), it->second.fd, 0, it->second.size,
+                   it->second.id};
     memset(h, 0, sizeof *h);
     memcpy(h, &v, sizeof v);
     return CUDA_SUCCESS;
@@ -451,34 +624,67 @@ API CUresult cuIpcOpenMemHandle(CUdeviceptr *p, CUipcMemHandle h, unsigned int)
     NEED_CTX;
     IpcHandle v;
     memcpy(&v, &h, sizeof v);
-    if (v.magic != 0x43504946u || v.size == 0) return CUDA_ERROR_INVALID_VALUE;
+    if (v.magic != IPC_MAGIC || v.size == 0) return CUDA_ERROR_INVALID_VALUE;
     if (v.pid == static_cast<int32_t>(getpid())) return CUDA_ERROR_INVALID_CONTEXT;
-    void *r = mmap(nullptr, v.size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (r == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
-    imports[reinterpret_cast<uintptr_t>(r)] = Import{v.pid, v.base, v.size};
-    *p = reinterpret_cast<CUdeviceptr>(r);
+    CUresult rc = implicit_sync(lk, "cuIpcOpenMemHandle");
+    if (rc != CUDA_SUCCESS) return rc;
+    char path[64], link[256];
+    snprintf(path, sizeof path, "/proc/%d/fd/%d", static_cast<int>(v.pid), static_cast<int>(v.fd));
+    int fd = open(path, O_RDWR | O_CLOEXEC); // fails once the exporter is gone
+    if (fd < 0) return CUDA_ERROR_INVALID_VALUE;
+    // what was opened, checked on our own descriptor: the exporter's fd may have been reused
+    std::string want = "/memfd:" + memfd_name(v.id) + " ";
+    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    ssize_t     k    = readlink(path, link, sizeof link - 1);
+    struct stat st;
+    size_t      len  = page_round(v.size);
+    if (k < 0 || strncmp(link, want.c_str(), want.size()) != 0 || fstat(fd, &st) != 0 ||
+        static_cast<size_t>(st.st_size) < len) {
+        close(fd);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    void *m = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd); // the mapping holds the memory
+    if (m == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+    imports[reinterpret_cast<uintptr_t>(m)] = len;
+    *p = reinterpret_cast<CUdeviceptr>(m);
     return CUDA_SUCCESS;
 }
 API CUresult cuIpcCloseMemHandle(CUdeviceptr p)
 {
     LOCK;
     NEED_CTX;
+    CUresult rc = implicit_sync(lk, "cuIpcCloseMemHandle");
+    if (rc != CUDA_SUCCESS) return rc;
     auto it = imports.find(static_cast<uintptr_t>(p));
     if (it == imports.end()) return CUDA_ERROR_INVALID_VALUE;
-    munmap(reinterpret_cast<void *>(it->first), it->second.size);
+    munmap(reinterpret_cast<void *>(it->first), it->second);
     imports.erase(it);
     return CUDA_SUCCESS;
 }
 API CUresult cuModuleLoadData(CUmodule *m, const void *image)
 {
     uint32_t magic;
+    LOCK;
     NEED_CTX;
+    CUresult rc = implicit_sync(lk, "cuModuleLoadData");
+    if (rc != CUDA_SUCCESS) return rc;
     memcpy(&magic, image, 4);
     if (magic != 0xBA55ED50u) return CUDA_ERROR_INVALID_IMAGE; // a fatbin starts so
     *m = reinterpret_cast<CUmodule>(new std::map<std::string, Func *>);
     return CUDA_SUCCESS;
 }
-API CUresult cuModuleUnload(CUmodule) { return CUDA_SUCCESS; }
+API CUresult cuModuleUnload(CUmodule m)
+{
+    LOCK;
+    CUresult rc = implicit_sync(lk, "cuModuleUnload");
+    if (rc != CUDA_SUCCESS) return rc;
+    auto *tab = reinterpret_cast<std::map<std::string, Func *> *>(m);
+    for (auto &f : *tab)
+        delete f.second;
+    delete tab;
+    return CUDA_SUCCESS;
+}
 API CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name)
 {
     LOCK;

@@ -533,9 +533,9 @@ static int child_model(int rank, int size, void *arg)
 
 #if defined(XCCL_HAVE_CUDA) && defined(FAKE_CUDA_LIB)
 /* The transport's real device layer (ipc_dev_cuda.c on csrc/cuda) with the CUDA executor, on
- * the fake driver (fake_cuda.cc, $XCCL_CUDA_LIB, whose IPC handles are read across processes
- * with process_vm_readv): descriptors, handles opened and cached, copies and events on xccl's
- * stream; allreduce runs the executor's kernels. */
+ * the fake driver (fake_cuda.cc, $XCCL_CUDA_LIB, whose opened IPC handles map the exporter's
+ * memory): descriptors, handles opened and cached, copies and events on xccl's stream;
+ * allreduce runs the executor's kernels. */
 static int child_drv(int rank, int size, void *arg)
 {
     static const size_t    nb[] = {0, 1, 4099, (1u << 20) + 3};
