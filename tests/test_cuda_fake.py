@@ -257,3 +257,48 @@ def test_devmap_on_fake_device(fake_lib):
         for name in ("all_reduce", "broadcast", "all_gather", "reduce_scatter"):
             assert res[name] == ("devmap", True), (rank, name, res[name])
         assert res["leaks"] == [0] * 3, res
+
+
+def stream_wait_body(rank: int, ws: int) -> dict[str, Any]:
+    """devmap collectives whose wait() is a stream wait, on a device that takes a while (every
+    copy and kernel runs FAKE_CUDA_OP_DELAY_US after it was queued): a copy queued on the
+    waiting stream right after wait() must see the result, a fresh buffer every round makes
+    the peers map new memory while a stream waits, and the test thread allocates and frees
+    device memory meanwhile (calls the fake driver holds until the waiting stream can go on)."""
+    import numpy as np
+
+    import xccl
+
+    lib = _driver()
+    lib.cuMemcpyAsync.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t,
+                                     ctypes.c_void_p]
+    lib.fake_cuda_stream_waits.restype = ctypes.c_ulong
+    res: dict[str, Any] = {"rounds": []}
+    every = [_rank_values(r, N) for r in range(ws)]
+    want = np.sum(every, axis=0)
+    for _ in range(4):
+        x = _Dev(lib, N, _rank_values(rank, N).tolist())
+        seen = _Dev(lib, N, [0.0] * N)
+        w = xccl.all_reduce(x.tensor, async_op=True)
+        w.wait()  # the legacy default stream waits; the CPU goes on
+        assert lib.cuMemcpyAsync(seen.ptr, x.ptr, N * 4, None) == 0
+        x2 = _Dev(lib, N, [1.0] * N)  # cuMemAlloc: held until the stream can go on
+        assert lib.cuStreamSynchronize(None) == 0
+        res["rounds"].append((w.algo, bool(np.array_equal(np.float32(seen.get()), want)),
+                              x2.get() == [1.0] * N))
+        assert lib.cuMemFree_v2(ctypes.c_uint64(x2.ptr)) == 0
+    res["stream_waits"] = int(lib.fake_cuda_stream_waits())
+    return res
+
+
+def test_stream_waits_on_devmap_order_without_deadlock(fake_lib):
+    # devmap settles once its peers' buffers are mapped: wait() then queues a wait on the
+    # current stream instead of waiting on the CPU, and no implicitly synchronising driver
+    # call is made meanwhile (the fake driver would fail it after 5 s, where a GPU would hang)
+    env = {"XCCL_CUDA_LIB": fake_lib, "XCCL_SHARED": "1", "FAKE_CUDA_OP_DELAY_US": "50000",
+           "FAKE_CUDA_SYNC_TIMEOUT_MS": "5000"}
+    results = run_spmd(stream_wait_body, 2, timeout=120.0, pg_timeout=30.0, env=env)
+    for rank, res in enumerate(results):
+        assert res["rounds"] == [("devmap", True, True)] * 4, (rank, res)
+        # the device takes 50 ms per step, so at least one wait found the operation running
+        assert res["stream_waits"] >= 1, (rank, res)

@@ -30,7 +30,11 @@
 //     opening one opens /proc/<pid>/fd/<fd> and maps it MAP_SHARED, so an imported pointer is
 //     the exporter's memory for copies and kernels alike (a handle whose exporter is gone, or
 //     whose fd now holds another allocation, fails to open);
-//   - one device, compute capability 9.0, 4 multiprocessors.
+//   - one device, compute capability 9.0, 4 multiprocessors;
+//   - device time, for tests of what runs while the device is busy: with
+//     $FAKE_CUDA_OP_DELAY_US, a copy or kernel runs no earlier than that long after it was
+//     queued (its stream holds until then); fake_cuda_stream_waits() counts the
+//     cuStreamWaitValue32 calls.
 // Not a model of concurrency: every op runs under one lock in the calling thread.
 #include "cuda_host_shim.h"
 
@@ -85,6 +89,7 @@ struct Op {
     double      factor = 0;
     Event      *ev  = nullptr;
     unsigned long gen = 0;
+    std::chrono::steady_clock::time_point ready{}; // COPY, KERNEL: not before (op delay)
     const uint32_t *word = nullptr;
     uint32_t    value = 0;
 };
@@ -199,6 +204,10 @@ void advance()
                 if (op.type == Op::WAIT_VALUE &&
                     static_cast<int32_t>(__atomic_load_n(op.word, __ATOMIC_ACQUIRE) - op.value) < 0)
                     break;
+                if ((op.type == Op::COPY || op.type == Op::KERNEL) &&
+                    op.ready != std::chrono::steady_clock::time_point{} &&
+                    std::chrono::steady_clock::now() < op.ready)
+                    break;
                 if (op.type == Op::COPY) memmove(op.dst, op.src, op.n);
                 if (op.type == Op::KERNEL) run_kernel(op);
                 if (op.type == Op::RECORD) op.ev->done = op.gen;
@@ -214,10 +223,18 @@ void advance()
     }
 }
 
+unsigned long n_wait_values; // cuStreamWaitValue32 calls (fake_cuda_stream_waits)
+
 CUresult push(CUstream s, const Op &op)
 {
+    static const long delay_us = [] {
+        const char *e = getenv("FAKE_CUDA_OP_DELAY_US");
+        return e != nullptr ? atol(e) : 0L;
+    }();
     Stream *st = stream_of(s);
     st->q.push_back(op); // runs when the driver is next called
+    if (delay_us > 0 && (op.type == Op::COPY || op.type == Op::KERNEL))
+        st->q.back().ready = std::chrono::steady_clock::now() + std::chrono::microseconds(delay_us);
     st->pushed++;
     return CUDA_SUCCESS;
 }
@@ -384,6 +401,7 @@ API CUresult cuStreamWaitValue32(CUstream s, CUdeviceptr addr, cuuint32_t value,
     op.type  = Op::WAIT_VALUE;
     op.word  = reinterpret_cast<const uint32_t *>(addr);
     op.value = value;
+    n_wait_values++;
     return push(s, op);
 }
 API CUresult cuStreamSynchronize(CUstream s)
@@ -744,6 +762,13 @@ API CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
         break;
     }
     return push(s, op);
+}
+
+// Not a driver entry point: how many times a stream was made to wait on a word.
+API unsigned long fake_cuda_stream_waits(void)
+{
+    LOCK;
+    return n_wait_values;
 }
 
 } // extern "C"
