@@ -9,8 +9,9 @@ others waiting in the next collective. An exception from xccl itself ends the ra
 
 Stream rules checked: a tensor written by a kernel on a side stream (behind a sleep kernel)
 just before the call, with stream= that side stream, is read after the kernel; results are
-consumed on the current stream after Work.wait() (which returns once the operation finished on
-the GPU) with no other synchronisation in between.
+consumed on the current stream after Work.wait() (which makes that stream wait for the
+operation on the GPU) with no other synchronisation in between; stream waits next to torch
+freeing and allocating device memory (the calls that may synchronise the device) do not hang.
 """
 
 from __future__ import annotations
@@ -414,6 +415,18 @@ def _streams(c: Checks, xccl: Any, torch: Any, rank: int, ws: int, dev: str) -> 
     c.true("is_completed polls to True", w.is_completed())
     w.wait()
     c.equal("after polling", _np(x), np.full(N, 7.0, np.float32))
+    # stream waits next to the driver calls that may synchronise the device (xccl.cuda,
+    # Streams): every round a fresh buffer (peers map new memory), wait() on the current
+    # stream, then torch frees its cached blocks (cudaFree) and allocates while the stream may
+    # still wait - a deadlock would hang here (the launch's timeout reports it)
+    for i in range(6):
+        x = torch.full((N + 64 * i,), float(rank + 1), device=dev)
+        w = xccl.all_reduce(x, async_op=True)
+        w.wait()
+        torch.cuda.empty_cache()
+        y = x * 2 + torch.zeros_like(x)
+        c.equal(f"stream wait, then free and allocate (round {i})", _np(y),
+                np.full(N + 64 * i, 2 * total, np.float32))
     # a Work dropped without waiting: its buffers stay alive until it ends
     x = torch.full((N,), float(rank + 1), device=dev)
     xccl.all_reduce(x, async_op=True)
