@@ -2,6 +2,7 @@
 
     python examples/ddp_train.py                          # 2 ranks, xcclc then gloo
     python examples/ddp_train.py --nproc 4 --steps 20 --out-dir /tmp/ddp
+    python examples/ddp_train.py --device cuda            # on GPUs (ranks share them)
 
 For each backend the script starts ``--nproc`` processes (torch.multiprocessing.spawn),
 which train a small MLP on synthetic regression data with DistributedDataParallel: every
@@ -9,7 +10,9 @@ rank starts from different random weights (DDP broadcasts rank 0's), draws its o
 each global batch, and SGD with momentum runs on the averaged gradients (several small
 gradient buckets, so that several all-reduces are in flight at once). Rank 0 saves the
 final parameters to ``<out-dir>/ddp_<backend>.pt``. At the end the script compares the
-backends' parameters and exits with status 1 if they are not allclose.
+backends' parameters and exits with status 1 if they are not allclose. With ``--device
+cuda`` the model and the data live on GPU ``rank % torch.cuda.device_count()`` (several
+ranks may share one GPU); gloo then stages the CUDA tensors through host memory.
 """
 
 from __future__ import annotations
@@ -51,15 +54,23 @@ def batch(step: int, rank: int, world_size: int) -> tuple[torch.Tensor, torch.Te
     return x[rank::world_size], y[rank::world_size]
 
 
-def train(rank: int, world_size: int, backend: str, init_file: str, steps: int, out: str) -> None:
+def train(
+    rank: int, world_size: int, backend: str, init_file: str, steps: int, out: str, device: str
+) -> None:
     """One rank: joins the group, trains, saves (rank 0) and checks the ranks agree."""
+    if device == "cuda":
+        torch.cuda.set_device(rank % torch.cuda.device_count())  # before the group, as NCCL
+        dev = torch.device("cuda", torch.cuda.current_device())
+    else:
+        dev = torch.device("cpu")
     dist.init_process_group(
         backend, init_method=f"file://{init_file}", rank=rank, world_size=world_size
     )
-    model = DDP(make_model(seed=rank), bucket_cap_mb=0.01)  # ~2.5k floats per bucket
+    # ~2.5k floats per bucket
+    model = DDP(make_model(seed=rank).to(dev), bucket_cap_mb=0.01)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     for step in range(steps):
-        x, y = batch(step, rank, world_size)
+        x, y = (t.to(dev) for t in batch(step, rank, world_size))
         opt.zero_grad()
         loss = torch.nn.functional.mse_loss(model(x), y)
         loss.backward()
@@ -70,7 +81,7 @@ def train(rank: int, world_size: int, backend: str, init_file: str, steps: int, 
     if not all(torch.equal(params, p) for p in everyone):
         raise RuntimeError(f"{backend}: the ranks' parameters differ after training")
     if rank == 0:
-        torch.save({k: v.clone() for k, v in model.module.state_dict().items()}, out)
+        torch.save({k: v.cpu().clone() for k, v in model.module.state_dict().items()}, out)
         print(
             f"{backend}: {steps} steps on {world_size} ranks, final loss {loss.item():.6f}",
             flush=True,
@@ -78,13 +89,13 @@ def train(rank: int, world_size: int, backend: str, init_file: str, steps: int, 
     dist.destroy_process_group()
 
 
-def run(backend: str, nproc: int, steps: int, out_dir: str) -> str:
+def run(backend: str, nproc: int, steps: int, out_dir: str, device: str = "cpu") -> str:
     """Trains on `nproc` spawned processes with `backend`; returns the parameters' file."""
     out = os.path.join(out_dir, f"ddp_{backend}.pt")
     with tempfile.TemporaryDirectory(prefix="ddp-train-") as tmp:
         mp.spawn(
             train,
-            args=(nproc, backend, os.path.join(tmp, "store"), steps, out),
+            args=(nproc, backend, os.path.join(tmp, "store"), steps, out, device),
             nprocs=nproc,
             join=True,
         )
@@ -122,11 +133,14 @@ def main() -> int:
     p.add_argument(
         "--out-dir", default=None, help="where the parameters go (default: a temporary directory)"
     )
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="default cpu")
     args = p.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: torch sees no GPU")
     out_dir = args.out_dir or tempfile.mkdtemp(prefix="ddp-train-")
     os.makedirs(out_dir, exist_ok=True)
     files = {
-        b: run(b, args.nproc, args.steps, out_dir)
+        b: run(b, args.nproc, args.steps, out_dir, args.device)
         for b in (b.strip() for b in args.backends.split(","))
         if b
     }

@@ -58,7 +58,7 @@ def test_registration():
     xccl.torch.register()  # idempotent: spawned children import the module again
     assert dist.Backend.backend_list.count(xccl.torch.BACKEND) == 1
     assert dist.Backend(xccl.torch.BACKEND) == xccl.torch.BACKEND
-    assert dist.Backend.backend_capability[xccl.torch.BACKEND] == ["cpu"]
+    assert dist.Backend.backend_capability[xccl.torch.BACKEND] == ["cpu", "cuda"]
     assert dist.Backend._plugins[xccl.torch.BACKEND.upper()].extended_api
     # torch's own Intel-XPU backend keeps "xccl".
     assert getattr(dist.Backend, "XCCL", "xccl") == "xccl"
@@ -338,6 +338,200 @@ def test_env_init_and_the_xccl_name(tmp_path):
         port = s.getsockname()[1]
     res = run_spmd(body_env_init, 2, port, init=False)
     assert "XCCL" in res[0], res[0]
+
+
+def body_device_strings(rank, size, path):
+    """Backend strings that name xccl for CUDA (torch's multi-device syntax), with CPU tensors:
+    the group is xccl's (a Python backend replaces the group, see xccl.torch), and CPU tensors
+    work on it."""
+    import datetime
+
+    import torch.distributed as dist
+
+    import xccl.torch  # noqa: F401 - registers the backend
+
+    out = []
+    for i, backend in enumerate(["cuda:xcclc", "cpu:xcclc,cuda:xcclc", "cpu:gloo,cuda:xcclc"]):
+        dist.init_process_group(
+            backend,
+            init_method=f"file://{path}-{i}",
+            rank=rank,
+            world_size=size,
+            timeout=datetime.timedelta(seconds=30),
+        )
+        pg = dist.group.WORLD
+        t = torch.full((5,), float(rank + 1))
+        dist.all_reduce(t)
+        view = pg._get_backend(torch.device("cuda"))
+        try:
+            pg._get_backend(torch.device("xpu"))
+            xpu = "no error"
+        except RuntimeError as exc:
+            xpu = str(exc)
+        out.append(
+            (
+                backend,
+                type(pg).__name__,
+                t.tolist() == [float(sum(range(1, size + 1)))] * 5,
+                view.name(),
+                view.supports_splitting,
+                view.supports_tensor_alloc(torch.device("cuda")),
+                "xpu" in xpu,
+            )
+        )
+        dist.destroy_process_group()
+    return out
+
+
+def test_device_backend_strings(tmp_path):
+    res = run_spmd(body_device_strings, 2, _store(tmp_path), init=False, timeout=90)
+    for rank_res in res:
+        for backend, kind, ok, name, splits, alloc, xpu in rank_res:
+            assert (kind, ok, name, splits, alloc, xpu) == (
+                "XcclProcessGroup", True, "xcclc", False, False, True), (backend, rank_res)
+
+
+def test_tensor_checks_before_anything_moves(monkeypatch):
+    import xccl.torch as xt
+
+    meta = torch.empty(3, device="meta")
+    with pytest.raises(NotImplementedError, match="CPU and CUDA tensors"):
+        xt._call_of(("tensors", [torch.ones(2), meta]))
+    # two devices the backend serves, in one call: refused, naming both arguments
+    monkeypatch.setattr(xt, "DEVICES", ["cpu", "meta"])
+    with pytest.raises(ValueError, match=r"input is on meta and output\[0\] on cpu"):
+        xt._call_of(("output", [torch.ones(2)]), ("input", meta))
+    assert xt._call_of(("t", torch.ones(2))) is xt._HOST and not xt._HOST.cuda
+
+
+class _FakeCW:
+    """Stands in for an xccl._C.Work of a CUDA operation: records what the backend asks."""
+
+    name = "all_reduce"
+
+    def __init__(self, log, error=None):
+        self.log, self.error = log, error
+
+    def wait_stream(self, stream):
+        self.log.append(("wait_stream", stream))
+        if self.error is not None:
+            raise self.error
+        return True
+
+    def wait(self, timeout=None):
+        self.log.append(("wait", timeout))
+        if self.error is not None:
+            raise self.error
+        return True
+
+    def is_completed(self):
+        return True
+
+    def exception(self):
+        return self.error
+
+    def add_done_callback(self, fn):
+        fn(self)
+
+
+class _FakeStream:
+    def __init__(self, log, handle):
+        self.log, self.cuda_stream = log, handle
+
+    def wait_event(self, ev):
+        self.log.append(("wait_event", self.cuda_stream, ev.n))
+
+
+def _fake_cuda(monkeypatch, log):
+    """torch.cuda as the backend uses it, on a machine without a GPU: the current stream
+    (handle 0x60), stream contexts and events, recorded in `log`."""
+    import contextlib
+
+    current = _FakeStream(log, 0x60)
+    events = []
+
+    class Event:
+        def __init__(self):
+            self.n = len(events)
+            events.append(self)
+
+        def record(self, stream):
+            log.append(("record", stream.cuda_stream, self.n))
+
+        def query(self):
+            return True
+
+        def synchronize(self):
+            log.append(("event_sync", self.n))
+
+    @contextlib.contextmanager
+    def stream(s):
+        log.append(("enter", s.cuda_stream))
+        yield
+        log.append(("exit", s.cuda_stream))
+
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: current)
+    monkeypatch.setattr(torch.cuda, "stream", stream)
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+
+
+def test_cuda_work_orders_streams(monkeypatch):
+    import xccl.torch as xt
+
+    log = []
+    _fake_cuda(monkeypatch, log)
+    call = xt._Call(torch.device("cuda", 0), _FakeStream(log, 0x50))
+    # dense outputs: nothing at the call; wait() orders the stream current then
+    w = xt.XcclWork([_FakeCW(log), _FakeCW(log)], ["out"], None, None, call)
+    assert log == []
+    assert w.wait() is True
+    assert log == [("wait_stream", 0x60), ("wait_stream", 0x60)]
+    log.clear()
+    assert w.wait(timeout=5) is True  # a timeout: the CPU waits, bounded
+    assert [e[0] for e in log] == ["wait", "wait"] and all(0 < e[1] <= 5 for e in log)
+    log.clear()
+    w.synchronize()
+    assert log == [("wait", None), ("wait", None)]
+    log.clear()
+    # outputs through a temporary: the call's stream waits for the operation, the copy is
+    # queued there, an event after it; wait() orders the current stream after that event
+    w = xt.XcclWork([_FakeCW(log)], ["out"], [lambda: log.append(("copy",))], None, call)
+    assert log == [("wait_stream", 0x50), ("enter", 0x50), ("copy",), ("record", 0x50, 0),
+                   ("exit", 0x50)]
+    log.clear()
+    assert w.wait() is True
+    assert log == [("wait_event", 0x60, 0)]
+    log.clear()
+    w.synchronize()
+    assert log == [("wait", None), ("event_sync", 0)]
+    # XCCL_CUDA_WAIT=cpu: CPU waits
+    log.clear()
+    monkeypatch.setenv("XCCL_CUDA_WAIT", "cpu")
+    w = xt.XcclWork([_FakeCW(log)], ["out"], None, None, call)
+    assert w.wait() is True
+    assert log == [("wait", None)]
+
+
+def test_cuda_work_errors_are_torch_types(monkeypatch):
+    import torch.distributed as dist
+
+    import xccl
+    import xccl.torch as xt
+
+    log = []
+    _fake_cuda(monkeypatch, log)
+    call = xt._Call(torch.device("cuda", 0), _FakeStream(log, 0x50))
+    err = xccl.XcclConnectionError("rank 1 closed its connection")
+    w = xt.XcclWork([_FakeCW(log, err)], ["out"], None, None, call)
+    with pytest.raises(dist.DistNetworkError, match="rank 1 closed"):
+        w.wait()
+    with pytest.raises(dist.DistNetworkError, match="rank 1 closed"):
+        w.synchronize()
+    # failed by the time a copy-out would be queued: raised by the call, nothing queued
+    log.clear()
+    with pytest.raises(dist.DistNetworkError):
+        xt.XcclWork([_FakeCW(log, err)], ["out"], [lambda: log.append(("copy",))], None, call)
+    assert ("copy",) not in log
 
 
 # ---------------------------------------------------------------------------------------------

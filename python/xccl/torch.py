@@ -33,12 +33,24 @@ DTensor, tensor parallelism and FSDP2 run their collectives through torch's func
 collectives, which reach a Python process group through the ``ProcessGroup`` trampoline; on
 torch 2.13 it forwards every method they use (``all_gather_single``,
 ``reduce_scatter_single``, their ``_coalesced`` forms, ``allreduce``, ...). Older torch
-releases forward fewer methods (not verified here). Sparse and CUDA tensors are not
-supported yet.
+releases forward fewer methods (not verified here). Sparse tensors are not supported.
+
+CUDA tensors (the backend is registered for ``"cpu"`` and ``"cuda"``), with the stream rules
+of torch's NCCL backend: an operation runs after the work queued on the current stream of
+its tensors' GPU when it is called; ``Work.wait()`` makes the current stream wait for it (the
+CPU waits only while the operation may still need a driver call that synchronises the device:
+:mod:`xccl.cuda`, Streams; ``XCCL_CUDA_WAIT=cpu`` makes it a CPU wait); ``get_future()``
+gives a CUDA-aware future that completes once the device work has finished. Outputs that go
+through a temporary (non-contiguous tensors, tensor lists) are copied on the call's stream
+after the operation, so such a call waits like ``wait()`` before it returns. Collectives are
+refused inside a CUDA graph capture. A Python backend cannot be one device's backend of a
+group (torch's ``Backend`` has no Python constructor), so with ``"cpu:gloo,cuda:xcclc"`` the
+group is xccl's for CPU tensors too.
 """
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -67,8 +79,8 @@ __all__ = [
 BACKEND = "xcclc"
 """The name to pass to ``torch.distributed.init_process_group`` (and ``new_group``)."""
 
-DEVICES = ["cpu"]
-"""Device types the backend takes tensors of (a CUDA transport would add "cuda")."""
+DEVICES = ["cpu", "cuda"]
+"""Device types the backend is registered for and takes tensors of."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -195,7 +207,7 @@ def _seconds(timeout: Optional[timedelta]) -> Optional[float]:
 Finish = Callable[[], None]
 
 
-def _check_cpu(t: torch.Tensor, what: str) -> None:
+def _check_tensor(t: torch.Tensor, what: str) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"xccl backend: {what} must be a torch.Tensor, got {type(t).__name__}")
     if t.is_sparse or t.layout != torch.strided:
@@ -205,13 +217,153 @@ def _check_cpu(t: torch.Tensor, what: str) -> None:
         )
     if t.device.type not in DEVICES:
         raise NotImplementedError(
-            f"xccl backend: {what} is on {t.device}; this build moves CPU tensors only"
+            f"xccl backend: {what} is on {t.device}; the backend takes CPU and CUDA tensors"
         )
+
+
+class _Call:
+    """Where one operation's tensors live: the host, or a GPU and the stream (current there
+    when the operation was called) it is ordered after."""
+
+    __slots__ = ("device", "stream")
+
+    def __init__(self, device: torch.device, stream: Any = None) -> None:
+        self.device = device
+        self.stream = stream
+
+    @property
+    def cuda(self) -> bool:
+        return self.stream is not None
+
+    @property
+    def handle(self) -> Optional[int]:
+        """The CUstream handle xccl orders the operation after (None on the host)."""
+        return None if self.stream is None else int(self.stream.cuda_stream)
+
+
+_HOST = _Call(torch.device("cpu"))
+
+# the communicator methods that take a `stream`
+_STREAM_OPS = frozenset(
+    {
+        "isend",
+        "irecv",
+        "allreduce",
+        "broadcast",
+        "reduce",
+        "allgather",
+        "gather",
+        "scatter",
+        "reduce_scatter",
+        "alltoall",
+        "alltoallv",
+    }
+)
+
+
+class _OnStream:
+    """A communicator whose operations are posted with ``stream=`` (CUDA tensors)."""
+
+    __slots__ = ("_comm", "_stream")
+
+    def __init__(self, comm: _C.Comm, stream: Optional[int]) -> None:
+        self._comm = comm
+        self._stream = stream
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._comm, name)
+        if name not in _STREAM_OPS:
+            return attr
+        stream = self._stream
+
+        def post(*args: Any, **kwargs: Any) -> Any:
+            return attr(*args, stream=stream, **kwargs)
+
+        return post
+
+
+def _call_of(*named: tuple[str, Any]) -> _Call:
+    """The _Call of an operation on the (name, tensor) pairs `named` (tensors or lists of
+    them), which must all be on one device; checked before anything is allocated or moves."""
+    device: Optional[torch.device] = None
+    first = ""
+    for what, item in named:
+        items = item if isinstance(item, (list, tuple)) else [item]
+        for i, t in enumerate(items):
+            name = what if items is not item else f"{what}[{i}]"
+            _check_tensor(t, name)
+            if device is None:
+                device, first = t.device, name
+            elif t.device != device:
+                raise ValueError(
+                    f"xccl backend: {name} is on {t.device} and {first} on {device}: the "
+                    "tensors of one operation must be on one device"
+                )
+    if device is None or device.type == "cpu":
+        return _HOST
+    if torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(
+            "xccl backend: operations cannot be captured in a CUDA graph (xccl runs them on "
+            "its own stream, driven from the host); call them outside the capture"
+        )
+    _side_stream(device)  # made here, on the caller's thread (see _side_stream)
+    return _Call(device, torch.cuda.current_stream(device))
+
+
+def _order(cw: _C.Work, stream: int) -> None:
+    """Makes CUstream `stream` wait for xccl operation `cw` on the GPU, or with
+    ``XCCL_CUDA_WAIT=cpu`` waits on the CPU until it has finished; raises its error."""
+    if _env.cuda_stream_waits():
+        cw.wait_stream(stream)
+    else:
+        cw.wait()
+
+
+# A stream per GPU, idle, on which futures of CUDA operations are completed: a CUDA-aware
+# future records an event on the completing thread's current stream, which consumers then wait
+# for, and the default stream may hold the caller's later work (or wait for it).
+_side_streams: dict[int, Any] = {}
+
+
+def _side_stream(device: torch.device) -> Any:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    stream = _side_streams.get(index)
+    if stream is None:
+        stream = _side_streams.setdefault(index, torch.cuda.Stream(device=index))
+    return stream
+
+
+class _Completer:
+    """Completes CUDA-aware futures on a thread of its own. Their callbacks (``then``, DDP's
+    comm hooks) may allocate or free device memory - calls that may wait for every stream,
+    including one that waits for an xccl operation - and must not stall xccl's progress
+    thread, which is what opens that operation's gate."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._thread: Optional[threading.Thread] = None
+        self._lock = threading.Lock()
+
+    def submit(self, fn: Callable[[], None]) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="xccl-torch-futures", daemon=True
+                )
+                self._thread.start()
+        self._queue.put(fn)
+
+    def _run(self) -> None:
+        while True:
+            self._queue.get()()
+
+
+_completer = _Completer()
 
 
 def _src(t: torch.Tensor, what: str = "tensor") -> torch.Tensor:
     """A contiguous view (or copy) of input `t` that DLPack can export."""
-    _check_cpu(t, what)
+    _check_tensor(t, what)
     t = t.detach()
     if t.is_conj():
         t = t.resolve_conj()
@@ -223,11 +375,11 @@ def _src(t: torch.Tensor, what: str = "tensor") -> torch.Tensor:
 def _dst(t: torch.Tensor, finishes: list[Finish], what: str = "tensor") -> torch.Tensor:
     """A contiguous buffer to receive into for output `t`; when `t` is not contiguous it is
     a temporary that a finish step (appended to `finishes`) copies back."""
-    _check_cpu(t, what)
+    _check_tensor(t, what)
     t = t.detach()
     if t.is_contiguous() and not t.is_conj() and not t.is_neg():
         return t
-    tmp = torch.empty(t.shape, dtype=t.dtype)
+    tmp = torch.empty(t.shape, dtype=t.dtype, device=t.device)
 
     def copy_back() -> None:
         t.copy_(tmp)
@@ -238,7 +390,7 @@ def _dst(t: torch.Tensor, finishes: list[Finish], what: str = "tensor") -> torch
 
 def _inplace(t: torch.Tensor, finishes: list[Finish], what: str = "tensor") -> torch.Tensor:
     """A contiguous buffer holding `t`'s data, whose result ends up in `t` (in place)."""
-    _check_cpu(t, what)
+    _check_tensor(t, what)
     t = t.detach()
     if t.is_contiguous() and not t.is_conj() and not t.is_neg():
         return t
@@ -254,7 +406,7 @@ def _inplace(t: torch.Tensor, finishes: list[Finish], what: str = "tensor") -> t
 def _cat(ts: Sequence[torch.Tensor], what: str) -> torch.Tensor:
     """The elements of `ts`, flattened and concatenated into one new 1-D tensor."""
     for i, t in enumerate(ts):
-        _check_cpu(t, f"{what}[{i}]")
+        _check_tensor(t, f"{what}[{i}]")
     _same_dtype(ts, what)
     if not ts:
         return torch.empty(0)
@@ -309,6 +461,11 @@ class XcclWork(dist.Work):
     place. ``wait()`` raises the operation's error as one of torch's types;
     ``get_future()`` gives a future completed (by xccl's progress thread) with the output
     tensors, or failed with the error's message.
+
+    On CUDA tensors (``call``): ``wait()`` makes the current stream wait for the operation on
+    the GPU; copies into outputs that went through temporaries are queued on the call's
+    stream at the call, behind a wait of that stream for the operation, and an event after
+    them is what later waits and the future wait for; ``synchronize()`` waits on the CPU.
     """
 
     def __init__(
@@ -317,21 +474,40 @@ class XcclWork(dist.Work):
         result: list[Any],
         finishes: Optional[list[Finish]] = None,
         source_rank: Optional[Callable[[], int]] = None,
+        call: _Call = _HOST,
     ) -> None:
         super().__init__()
         self._cworks = list(cworks)
         self._result = result
         self._finishes = finishes or []
         self._source = source_rank
+        self._call = call if call.cuda else None
+        self._event: Any = None  # CUDA: recorded on the call's stream after the copy-outs
         self._lock = threading.RLock()
         self._done = threading.Event()
         self._error: Optional[BaseException] = None
         self._inner: Optional[torch.futures.Future] = None  # completed from Python
         self._outer: Optional[torch.futures.Future] = None  # what get_future() hands out
+        if self._call is not None and self._finishes and self._cworks:
+            self._queue_finishes(self._call)
         for cw in self._cworks:
             cw.add_done_callback(self._on_done)
         if not self._cworks:
             self._on_done(None)
+
+    def _queue_finishes(self, call: _Call) -> None:
+        """CUDA: the call's stream waits for the operations, then copies the outputs."""
+        try:
+            for cw in self._cworks:
+                _order(cw, int(call.handle or 0))
+        except _C.XcclError as exc:
+            raise _translate(exc) from None
+        with torch.cuda.stream(call.stream):
+            for finish in self._finishes:
+                finish()
+            self._event = torch.cuda.Event()
+            self._event.record(call.stream)
+        self._finishes = []
 
     # Completion runs once, on whichever thread sees the last xccl operation complete (xccl's
     # progress thread or a waiter); the GIL is held there.
@@ -361,14 +537,30 @@ class XcclWork(dist.Work):
     def _complete(self, fut: torch.futures.Future) -> None:
         if self._error is not None:
             fut.set_exception(self._error)
+        elif self._call is None:
+            fut.set_result(self._result)
         else:
+            _completer.submit(lambda: self._complete_cuda(fut))
+
+    def _complete_cuda(self, fut: torch.futures.Future) -> None:
+        """The future of a CUDA operation: completed on an idle stream (behind the copy-outs'
+        event), so that its consumers wait for nothing but this operation."""
+        assert self._call is not None
+        side = _side_stream(self._call.device)
+        with torch.cuda.device(self._call.device), torch.cuda.stream(side):
+            if self._event is not None:
+                side.wait_event(self._event)
             fut.set_result(self._result)
 
     def wait(self, timeout: Union[None, timedelta, float] = None) -> bool:
         """Blocks (GIL released) until the operation completes; returns True or raises its
         error. `timeout` (timedelta or seconds; None or 0: the operation's own deadline)
-        raises :class:`XcclDistTimeoutError` when it passes first (the operation goes on)."""
+        raises :class:`XcclDistTimeoutError` when it passes first (the operation goes on).
+        CUDA tensors without a timeout: the current stream waits for the operation on the
+        GPU instead (the class's text)."""
         seconds = _seconds(timeout) if timeout is not None else None
+        if self._call is not None and seconds is None:
+            return self._wait_stream(self._call)
         deadline = None if seconds is None else time.monotonic() + seconds
         try:
             for cw in self._cworks:
@@ -381,13 +573,33 @@ class XcclWork(dist.Work):
         self._done.wait()
         if self._error is not None:
             raise self._error
+        if self._event is not None:
+            torch.cuda.current_stream(self._call.device).wait_event(self._event)
+        return True
+
+    def _wait_stream(self, call: _Call) -> bool:
+        current = torch.cuda.current_stream(call.device)
+        try:
+            if self._event is not None:  # the operations were waited for at the call
+                current.wait_event(self._event)
+            else:
+                for cw in self._cworks:
+                    _order(cw, int(current.cuda_stream))
+        except _C.XcclError as exc:
+            raise _translate(exc) from None
+        if self.is_completed() and self._error is not None:
+            raise self._error
         return True
 
     def get_future(self) -> torch.futures.Future:
-        """A future completed with the output tensors when the operation completes."""
+        """A future completed with the output tensors when the operation completes (for
+        CUDA tensors a CUDA-aware one: its consumers' streams wait for the outputs)."""
         with self._lock:
             if self._outer is None:
-                self._inner = torch.futures.Future()
+                if self._call is not None:
+                    self._inner = torch.futures.Future(devices=[self._call.device])
+                else:
+                    self._inner = torch.futures.Future()
                 self._outer = self._inner.then(_unwrap)
                 ready = self._done.is_set()
             else:
@@ -400,6 +612,8 @@ class XcclWork(dist.Work):
         """True once the operation finished (successfully or not); does not block."""
         if not self._done.is_set():
             self._on_done(None)
+        if self._done.is_set() and self._event is not None and self._error is None:
+            return bool(self._event.query())  # and the copy-outs behind it
         return self._done.is_set()
 
     def is_success(self) -> bool:
@@ -425,8 +639,19 @@ class XcclWork(dist.Work):
         return self._result
 
     def synchronize(self) -> None:
-        """Same as wait() for CPU tensors."""
-        self.wait()
+        """Waits on the CPU until the operation has completed (on CUDA tensors: its device
+        work and the copy-outs too); raises its error."""
+        for cw in self._cworks:
+            try:
+                cw.wait()  # returns once it has ended, either way
+            except _C.XcclError:
+                pass  # reported below, as torch's type
+        self._on_done(None)
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        if self._event is not None:
+            self._event.synchronize()
 
     def __repr__(self) -> str:
         names = ",".join(sorted({cw.name for cw in self._cworks})) or "noop"
@@ -437,6 +662,39 @@ class XcclWork(dist.Work):
 # ---------------------------------------------------------------------------------------------
 # ProcessGroup
 # ---------------------------------------------------------------------------------------------
+
+
+class _BackendView:
+    """Answers torch's Python code where it asks a group for its per-device C++ backend
+    (``pg._get_backend(device)``: FSDP2's buffer allocation, ``init_process_group(device_id=)``,
+    DeviceMesh, ``split_group``). A Python group has no such backend - torch's ``Backend``
+    cannot be subclassed in Python - so this one says what xccl does not offer there:
+    communicator splitting through torch, coalescing managers, tensor allocation and time
+    estimates. Anything else torch asks is an AttributeError naming it."""
+
+    supports_splitting = False
+    supports_coalescing = False
+    supports_time_estimate = False
+
+    def __init__(self, group_id: str, device: torch.device) -> None:
+        self._group_id = group_id
+        self._device = device
+
+    def name(self) -> str:
+        return BACKEND
+
+    def supports_tensor_alloc(self, device: Any) -> bool:
+        del device
+        return False
+
+    def __getattr__(self, name: str) -> Any:
+        raise AttributeError(
+            f"xccl backend: torch asked the {self._device.type} backend of group "
+            f"{self._group_id!r} for {name!r}, which xccl's Python process group does not provide"
+        )
+
+    def __repr__(self) -> str:
+        return f"<xccl backend view of group {self._group_id!r} on {self._device.type}>"
 
 
 class XcclProcessGroup(dist.ProcessGroup):
@@ -466,6 +724,15 @@ class XcclProcessGroup(dist.ProcessGroup):
         self._mb_group: Any = None  # xccl._group.ProcessGroup view for monitored_barrier
 
     # -- identity ---------------------------------------------------------------------------
+
+    def _get_backend(self, device: Any) -> _BackendView:  # torch's name
+        """What torch's Python code finds as the group's backend for `device` (see
+        :class:`_BackendView`); RuntimeError, as torch's, for a device type xccl does not
+        serve."""
+        dev = torch.device(device)
+        if dev.type not in DEVICES:
+            raise RuntimeError(f"No backend type associated with device type {dev.type}")
+        return _BackendView(self._group_id, dev)
 
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
         """The backend's name, :data:`BACKEND`."""
@@ -528,16 +795,25 @@ class XcclProcessGroup(dist.ProcessGroup):
         posts: Sequence[Callable[[], _C.Work]],
         result: list[Any],
         finishes: Optional[list[Finish]] = None,
+        call: _Call = _HOST,
     ) -> XcclWork:
-        return XcclWork([self._post(p) for p in posts], result, finishes)
+        return XcclWork([self._post(p) for p in posts], result, finishes, None, call)
+
+    def _comm_on(self, call: _Call) -> Any:
+        """The communicator, its operations ordered after `call`'s stream (CUDA tensors)."""
+        comm = self.comm
+        return comm if not call.cuda else _OnStream(comm, call.handle)
 
     # -- point to point ---------------------------------------------------------------------
 
     def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int) -> XcclWork:  # noqa: N803
         """Sends each tensor to group rank `dstRank` with `tag`."""
-        comm = self.comm
+        call = _call_of(("tensors", tensors))
+        comm = self._comm_on(call)
         bufs = [_src(t) for t in tensors]
-        return self._work([lambda b=b: comm.isend(b, dstRank, tag) for b in bufs], tensors)
+        return self._work(
+            [lambda b=b: comm.isend(b, dstRank, tag) for b in bufs], tensors, call=call
+        )
 
     def recv(self, tensors: list[torch.Tensor], srcRank: int, tag: int) -> XcclWork:  # noqa: N803
         """Receives into each tensor from group rank `srcRank` with `tag`."""
@@ -549,7 +825,8 @@ class XcclProcessGroup(dist.ProcessGroup):
         return self._recv(tensors, _C.ANY_SOURCE, tag)
 
     def _recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> XcclWork:
-        comm = self.comm
+        call = _call_of(("tensors", tensors))
+        comm = self._comm_on(call)
         finishes: list[Finish] = []
         bufs = [_dst(t, finishes) for t in tensors]
         cworks = [self._post(lambda b=b: comm.irecv(b, src, tag)) for b in bufs]
@@ -557,24 +834,26 @@ class XcclProcessGroup(dist.ProcessGroup):
         def source() -> int:
             return cworks[0].source_rank() if cworks else -1
 
-        return XcclWork(cworks, tensors, finishes, source)
+        return XcclWork(cworks, tensors, finishes, source, call)
 
     # -- collectives on one buffer per tensor -----------------------------------------------
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> XcclWork:
         """Reduces each tensor across the group in place (``opts.reduceOp``)."""
         opts = opts if opts is not None else dist.AllreduceOptions()
-        comm, seconds = self.comm, self._op_seconds(opts)
+        call = _call_of(("tensors", tensors))
+        comm, seconds = self._comm_on(call), self._op_seconds(opts)
         op, premul = _reduce_op(opts.reduceOp)
         finishes: list[Finish] = []
         bufs = [_inplace(t, finishes) for t in tensors]
         posts = [lambda b=b: comm.allreduce(b, b, op, premul, timeout=seconds) for b in bufs]
-        return self._work(posts, tensors, finishes)
+        return self._work(posts, tensors, finishes, call=call)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> XcclWork:
         """Reduces all `tensors` (one dtype) as one flat buffer: a single xccl operation."""
         opts = opts if opts is not None else dist.AllreduceCoalescedOptions()
-        comm, seconds = self.comm, self._op_seconds(opts)
+        call = _call_of(("tensors", tensors))
+        comm, seconds = self._comm_on(call), self._op_seconds(opts)
         op, premul = _reduce_op(opts.reduceOp)
         finishes: list[Finish] = []
         if not tensors:
@@ -582,25 +861,30 @@ class XcclProcessGroup(dist.ProcessGroup):
         flat = _cat(tensors, "tensors")
         _scatter_back(flat, tensors, finishes)
         return self._work(
-            [lambda: comm.allreduce(flat, flat, op, premul, timeout=seconds)], tensors, finishes
+            [lambda: comm.allreduce(flat, flat, op, premul, timeout=seconds)],
+            tensors,
+            finishes,
+            call=call,
         )
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> XcclWork:
         """Copies each tensor of group rank ``opts.rootRank`` into the others' tensors."""
         opts = opts if opts is not None else dist.BroadcastOptions()
-        comm, seconds, root = self.comm, self._op_seconds(opts), opts.rootRank
+        call = _call_of(("tensors", tensors))
+        comm, seconds, root = self._comm_on(call), self._op_seconds(opts), opts.rootRank
         finishes: list[Finish] = []
         if comm.rank == root:
             bufs = [_src(t) for t in tensors]
         else:
             bufs = [_dst(t, finishes) for t in tensors]
         posts = [lambda b=b: comm.broadcast(b, root, timeout=seconds) for b in bufs]
-        return self._work(posts, tensors, finishes)
+        return self._work(posts, tensors, finishes, call=call)
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> XcclWork:
         """Reduces each tensor into the tensor of group rank ``opts.rootRank``."""
         opts = opts if opts is not None else dist.ReduceOptions()
-        comm, seconds, root = self.comm, self._op_seconds(opts), opts.rootRank
+        call = _call_of(("tensors", tensors))
+        comm, seconds, root = self._comm_on(call), self._op_seconds(opts), opts.rootRank
         op, premul = _reduce_op(opts.reduceOp)
         finishes: list[Finish] = []
         if comm.rank == root:
@@ -611,7 +895,7 @@ class XcclProcessGroup(dist.ProcessGroup):
             posts = [
                 lambda b=b: comm.reduce(b, None, op, root, premul, timeout=seconds) for b in bufs
             ]
-        return self._work(posts, tensors, finishes)
+        return self._work(posts, tensors, finishes, call=call)
 
     def all_gather_single(
         self,
@@ -621,11 +905,14 @@ class XcclProcessGroup(dist.ProcessGroup):
     ) -> XcclWork:
         """Concatenates every rank's `input` in rank order into `output`."""
         seconds = self._op_seconds(opts)
-        comm = self.comm
+        call = _call_of(("output", output), ("input", input))
+        comm = self._comm_on(call)
         _check_numel(output, comm.size * input.numel(), "all_gather output")
         finishes: list[Finish] = []
         src, dst = _src(input, "input"), _dst(output, finishes, "output")
-        return self._work([lambda: comm.allgather(src, dst, timeout=seconds)], [output], finishes)
+        return self._work(
+            [lambda: comm.allgather(src, dst, timeout=seconds)], [output], finishes, call=call
+        )
 
     _allgather_base = all_gather_single
 
@@ -634,7 +921,8 @@ class XcclProcessGroup(dist.ProcessGroup):
     ) -> XcclWork:
         """``all_gather_single`` of each (output, input) pair."""
         seconds = self._op_seconds(opts)
-        comm = self.comm
+        call = _call_of(("outputs", outputs), ("inputs", inputs))
+        comm = self._comm_on(call)
         if len(outputs) != len(inputs):
             raise ValueError("xccl backend: as many outputs as inputs expected")
         finishes: list[Finish] = []
@@ -643,7 +931,7 @@ class XcclProcessGroup(dist.ProcessGroup):
             _check_numel(out, comm.size * inp.numel(), f"outputs[{i}]")
             src, dst = _src(inp, f"inputs[{i}]"), _dst(out, finishes, f"outputs[{i}]")
             posts.append(lambda s=src, d=dst: comm.allgather(s, d, timeout=seconds))
-        return self._work(posts, outputs, finishes)
+        return self._work(posts, outputs, finishes, call=call)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
@@ -656,7 +944,8 @@ class XcclProcessGroup(dist.ProcessGroup):
         """Reduces `input` (``size`` blocks of ``output.numel()``) across the group; rank r
         receives the reduction of block r."""
         opts = opts if opts is not None else dist.ReduceScatterOptions()
-        comm, seconds = self.comm, self._op_seconds(opts)
+        call = _call_of(("output", output), ("input", input))
+        comm, seconds = self._comm_on(call), self._op_seconds(opts)
         op, premul = _reduce_op(opts.reduceOp)
         _check_numel(input, comm.size * output.numel(), "reduce_scatter input")
         finishes: list[Finish] = []
@@ -665,6 +954,7 @@ class XcclProcessGroup(dist.ProcessGroup):
             [lambda: comm.reduce_scatter(src, dst, op, premul, timeout=seconds)],
             [output],
             finishes,
+            call=call,
         )
 
     _reduce_scatter_base = reduce_scatter_single
@@ -674,7 +964,8 @@ class XcclProcessGroup(dist.ProcessGroup):
     ) -> XcclWork:
         """``reduce_scatter_single`` of each (output, input) pair."""
         opts = opts if opts is not None else dist.ReduceScatterOptions()
-        comm, seconds = self.comm, self._op_seconds(opts)
+        call = _call_of(("outputs", outputs), ("inputs", inputs))
+        comm, seconds = self._comm_on(call), self._op_seconds(opts)
         op, premul = _reduce_op(opts.reduceOp)
         if len(outputs) != len(inputs):
             raise ValueError("xccl backend: as many outputs as inputs expected")
@@ -686,7 +977,7 @@ class XcclProcessGroup(dist.ProcessGroup):
             posts.append(
                 lambda s=src, d=dst: comm.reduce_scatter(s, d, op, premul, timeout=seconds)
             )
-        return self._work(posts, outputs, finishes)
+        return self._work(posts, outputs, finishes, call=call)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
@@ -701,7 +992,8 @@ class XcclProcessGroup(dist.ProcessGroup):
         """Splits `input` along dim 0 (evenly when the split lists are empty), sends piece j
         to rank j, and concatenates the received pieces in rank order into `output`."""
         seconds = self._op_seconds(opts)
-        comm = self.comm
+        call = _call_of(("output", output), ("input", input))
+        comm = self._comm_on(call)
         n = comm.size
         finishes: list[Finish] = []
         src, dst = _src(input, "input"), _dst(output, finishes, "output")
@@ -715,7 +1007,7 @@ class XcclProcessGroup(dist.ProcessGroup):
             post = lambda: comm.alltoallv(  # noqa: E731
                 src, scounts, sdispls, dst, rcounts, rdispls, timeout=seconds
             )
-        return self._work([post], [output], finishes)
+        return self._work([post], [output], finishes, call=call)
 
     alltoall_base = all_to_all_single
 
@@ -736,7 +1028,11 @@ class XcclProcessGroup(dist.ProcessGroup):
         """Gathers every rank's ``input_tensors[i]`` into ``output_tensors[i]`` (one tensor
         per rank, in rank order)."""
         seconds = self._op_seconds(opts)
-        comm = self.comm
+        call = _call_of(
+            ("output_tensors", [t for lst in output_tensors for t in lst]),
+            ("input_tensors", input_tensors),
+        )
+        comm = self._comm_on(call)
         n = comm.size
         if len(output_tensors) != len(input_tensors):
             raise ValueError("xccl backend: one output list per input tensor expected")
@@ -750,14 +1046,14 @@ class XcclProcessGroup(dist.ProcessGroup):
                 )
             src = _src(inp, f"input_tensors[{i}]")
             for r, o in enumerate(outs):
-                _check_cpu(o, f"output_tensors[{i}][{r}]")
+                _check_tensor(o, f"output_tensors[{i}][{r}]")
                 _check_numel(o, src.numel(), f"output_tensors[{i}][{r}]")
             _same_dtype([src, *outs], f"output_tensors[{i}]")
-            buf = torch.empty(n * src.numel(), dtype=src.dtype)
+            buf = torch.empty(n * src.numel(), dtype=src.dtype, device=src.device)
             _scatter_back(buf, outs, finishes)
             posts.append(lambda s=src, b=buf: comm.allgather(s, b, timeout=seconds))
         result = output_tensors[0] if len(output_tensors) == 1 else output_tensors
-        return self._work(posts, result, finishes)
+        return self._work(posts, result, finishes, call=call)
 
     def allgather_coalesced(
         self,
@@ -768,7 +1064,10 @@ class XcclProcessGroup(dist.ProcessGroup):
         """Gathers every rank's `input_list` at once: ``output_lists[r][i]`` receives rank
         r's ``input_list[i]``. One xccl operation when all tensors share a dtype."""
         seconds = self._op_seconds(opts)
-        comm = self.comm
+        call = _call_of(
+            ("output_lists", [t for lst in output_lists for t in lst]), ("input_list", input_list)
+        )
+        comm = self._comm_on(call)
         n = comm.size
         if len(output_lists) != n:
             raise ValueError(
@@ -789,11 +1088,11 @@ class XcclProcessGroup(dist.ProcessGroup):
         flat = _cat(input_list, "input_list")
         _same_dtype([flat, *(o for outs in output_lists for o in outs)], "output_lists")
         total = flat.numel()
-        buf = torch.empty(n * total, dtype=flat.dtype)
+        buf = torch.empty(n * total, dtype=flat.dtype, device=flat.device)
         for r, outs in enumerate(output_lists):
             _scatter_back(buf, outs, finishes, r * total)
         return self._work(
-            [lambda: comm.allgather(flat, buf, timeout=seconds)], output_lists, finishes
+            [lambda: comm.allgather(flat, buf, timeout=seconds)], output_lists, finishes, call=call
         )
 
     def gather(
@@ -805,27 +1104,35 @@ class XcclProcessGroup(dist.ProcessGroup):
         """Gathers every rank's ``input_tensors[0]`` into ``output_tensors[0]`` (one tensor
         per rank) of group rank ``opts.rootRank``; other ranks pass no outputs."""
         opts = opts if opts is not None else dist.GatherOptions()
-        comm, seconds, root = self.comm, self._op_seconds(opts), opts.rootRank
+        call = _call_of(
+            ("input_tensors", input_tensors),
+            ("output_tensors", [t for lst in output_tensors for t in lst]),
+        )
+        comm, seconds, root = self._comm_on(call), self._op_seconds(opts), opts.rootRank
         if len(input_tensors) != 1:
             raise ValueError("xccl backend: gather takes exactly one input tensor")
         src = _src(input_tensors[0], "input")
         if comm.rank != root:
             if output_tensors and any(len(lst) for lst in output_tensors):
                 raise ValueError("xccl backend: gather outputs given on a non-root rank")
-            return self._work([lambda: comm.gather(src, None, root, timeout=seconds)], [])
+            return self._work(
+                [lambda: comm.gather(src, None, root, timeout=seconds)], [], call=call
+            )
         if len(output_tensors) != 1 or len(output_tensors[0]) != comm.size:
             raise ValueError(
                 f"xccl backend: gather needs one list of {comm.size} output tensors at the root"
             )
         outs = output_tensors[0]
         for r, o in enumerate(outs):
-            _check_cpu(o, f"output[{r}]")
+            _check_tensor(o, f"output[{r}]")
             _check_numel(o, src.numel(), f"gather output[{r}]")
         _same_dtype([src, *outs], "gather tensors")
         finishes: list[Finish] = []
-        buf = torch.empty(comm.size * src.numel(), dtype=src.dtype)
+        buf = torch.empty(comm.size * src.numel(), dtype=src.dtype, device=src.device)
         _scatter_back(buf, outs, finishes)
-        return self._work([lambda: comm.gather(src, buf, root, timeout=seconds)], outs, finishes)
+        return self._work(
+            [lambda: comm.gather(src, buf, root, timeout=seconds)], outs, finishes, call=call
+        )
 
     def scatter(
         self,
@@ -836,7 +1143,11 @@ class XcclProcessGroup(dist.ProcessGroup):
         """Sends ``input_tensors[0][r]`` of group rank ``opts.rootRank`` into
         ``output_tensors[0]`` of rank r; other ranks pass no inputs."""
         opts = opts if opts is not None else dist.ScatterOptions()
-        comm, seconds, root = self.comm, self._op_seconds(opts), opts.rootRank
+        call = _call_of(
+            ("output_tensors", output_tensors),
+            ("input_tensors", [t for lst in input_tensors for t in lst]),
+        )
+        comm, seconds, root = self._comm_on(call), self._op_seconds(opts), opts.rootRank
         if len(output_tensors) != 1:
             raise ValueError("xccl backend: scatter takes exactly one output tensor")
         out = output_tensors[0]
@@ -846,7 +1157,7 @@ class XcclProcessGroup(dist.ProcessGroup):
             if input_tensors and any(len(lst) for lst in input_tensors):
                 raise ValueError("xccl backend: scatter inputs given on a non-root rank")
             return self._work(
-                [lambda: comm.scatter(None, dst, root, timeout=seconds)], [out], finishes
+                [lambda: comm.scatter(None, dst, root, timeout=seconds)], [out], finishes, call=call
             )
         if len(input_tensors) != 1 or len(input_tensors[0]) != comm.size:
             raise ValueError(
@@ -857,7 +1168,9 @@ class XcclProcessGroup(dist.ProcessGroup):
             _check_numel(t, out.numel(), f"scatter input[{r}]")
         flat = _cat(ins, "scatter inputs")
         _same_dtype([flat, out], "scatter tensors")
-        return self._work([lambda: comm.scatter(flat, dst, root, timeout=seconds)], [out], finishes)
+        return self._work(
+            [lambda: comm.scatter(flat, dst, root, timeout=seconds)], [out], finishes, call=call
+        )
 
     def reduce_scatter(
         self,
@@ -869,7 +1182,11 @@ class XcclProcessGroup(dist.ProcessGroup):
         rank r. Blocks of different sizes (a "reduce_scatter_v") run as an all-reduce of
         the whole list, of which each rank keeps its block."""
         opts = opts if opts is not None else dist.ReduceScatterOptions()
-        comm, seconds = self.comm, self._op_seconds(opts)
+        call = _call_of(
+            ("output_tensors", output_tensors),
+            ("input_tensors", [t for lst in input_tensors for t in lst]),
+        )
+        comm, seconds = self._comm_on(call), self._op_seconds(opts)
         op, premul = _reduce_op(opts.reduceOp)
         n, me = comm.size, comm.rank
         if len(output_tensors) != len(input_tensors):
@@ -894,7 +1211,7 @@ class XcclProcessGroup(dist.ProcessGroup):
                 offset = sum(t.numel() for t in ins[:me])
                 _scatter_back(flat, [out], finishes, offset)
                 posts.append(lambda f=flat: comm.allreduce(f, f, op, premul, timeout=seconds))
-        return self._work(posts, output_tensors, finishes)
+        return self._work(posts, output_tensors, finishes, call=call)
 
     def alltoall(
         self,
@@ -905,19 +1222,20 @@ class XcclProcessGroup(dist.ProcessGroup):
         """Sends ``input_tensors[j]`` to rank j and receives rank i's piece into
         ``output_tensors[i]``; pieces may differ in size."""
         seconds = self._op_seconds(opts)
-        comm = self.comm
+        call = _call_of(("output_tensors", output_tensors), ("input_tensors", input_tensors))
+        comm = self._comm_on(call)
         n = comm.size
         if len(output_tensors) != n or len(input_tensors) != n:
             raise ValueError(f"xccl backend: alltoall needs {n} input and {n} output tensors")
         sbuf = _cat(input_tensors, "input_tensors")
         for i, o in enumerate(output_tensors):
-            _check_cpu(o, f"output_tensors[{i}]")
+            _check_tensor(o, f"output_tensors[{i}]")
         _same_dtype([sbuf, *output_tensors], "alltoall tensors")
         scounts = [t.numel() for t in input_tensors]
         rcounts = [t.numel() for t in output_tensors]
         sdispls = [sum(scounts[:j]) for j in range(n)]
         rdispls = [sum(rcounts[:j]) for j in range(n)]
-        rbuf = torch.empty(sum(rcounts), dtype=sbuf.dtype)
+        rbuf = torch.empty(sum(rcounts), dtype=sbuf.dtype, device=sbuf.device)
         finishes: list[Finish] = []
         _scatter_back(rbuf, output_tensors, finishes)
         return self._work(
@@ -928,6 +1246,7 @@ class XcclProcessGroup(dist.ProcessGroup):
             ],
             output_tensors,
             finishes,
+            call=call,
         )
 
     # -- monitored barrier and lifetime -------------------------------------------------------
@@ -1059,6 +1378,20 @@ def _agreed_context(store: Any, rank: int, size: int, ranks: Sequence[int]) -> O
     return candidate
 
 
+def _bind_gpu() -> None:
+    """Chooses xccl's GPU at group creation when the script has chosen torch's already
+    (``torch.cuda.set_device(local_rank)`` before ``init_process_group``, as with NCCL): the
+    cuda_ipc transport, which serves point-to-point operations on GPUs of one host, needs the
+    device before the communicator exists. Otherwise the first CUDA tensor chooses it
+    (:mod:`xccl.cuda`); a process that never touched CUDA gets no CUDA context from here."""
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return
+    from . import cuda as xcuda
+
+    if xcuda.current_device() < 0 and xcuda.is_available():
+        xcuda.set_device(torch.cuda.current_device())
+
+
 def _create(backend_opts: Any, pg_options: Any = None) -> XcclProcessGroup:
     """The creator torch calls (extended API) once per group, on the group's members.
 
@@ -1072,6 +1405,7 @@ def _create(backend_opts: Any, pg_options: Any = None) -> XcclProcessGroup:
     members do not all share a context covering them (the default group runs on another
     backend, or members disagree) creates a context of its own, over its members."""
     del pg_options
+    _bind_gpu()
     rank, size = int(backend_opts.group_rank), int(backend_opts.group_size)
     seconds = _seconds(backend_opts.timeout) or _env.default_timeout()
     group_id = str(backend_opts.group_id)

@@ -12,9 +12,11 @@
 #   build         python3 setup.py build_ext --inplace --parallel 16 (XCCL_CUDA_ARCHS set to
 #                 this GPU's architecture when setup.py knows the variable: a faster build)
 #   cuda_info     xccl.cuda.is_available() and build_info() of the build
-#   gpu_tests     python3 -m pytest -m gpu tests/gpu (2, 3 and 4 ranks sharing GPU 0)
+#   gpu_tests     python3 -m pytest -m gpu tests/gpu (2, 3 and 4 ranks sharing GPU 0; xccl's
+#                 API and torch.distributed on the "xcclc" backend, DDP and FSDP2 against gloo)
 #   kernel_check  the GPU kernels against the CPU ones (make -C tests/c kernel_check, when
 #                 tests/gpu/kernel_check.c is in the tree)
+#   ddp           benchmarks/ddp_gpu.py: DDP and FSDP2 steps/s, xcclc against gloo (2 ranks)
 #   compare       benchmarks/compare_gpu.py --np 2,4 with a deadline (the rest of the budget)
 # It needs no network (no pip). Everything is written under $OUT (default ./gpu-out): one log
 # per phase, machine.txt, gpu_tests.xml, compare/gpu.md and gpu.json (the benchmark report
@@ -166,7 +168,7 @@ phase cuda_info 30 170 "$PY" -c 'import json, xccl, xccl.cuda as c; print("xccl"
 
 # ---- GPU tests ------------------------------------------------------------------------------
 if compgen -G "tests/gpu/test_*.py" > /dev/null; then
-    phase gpu_tests 130 150 "$PY" -m pytest -m gpu tests/gpu -v -rfEs --durations=15 \
+    phase gpu_tests 200 130 "$PY" -m pytest -m gpu tests/gpu -v -rfEs --durations=15 \
         -p no:cacheprovider --junitxml="$OUT/gpu_tests.xml"
 else
     skip gpu_tests "no tests/gpu/test_*.py in this tree"
@@ -174,11 +176,18 @@ fi
 
 # ---- kernel check ---------------------------------------------------------------------------
 if [ -f tests/gpu/kernel_check.c ] && grep -q '^kernel_check:' tests/c/Makefile 2> /dev/null; then
-    phase kernel_check 90 100 env ${BUILD_ENV[@]+"${BUILD_ENV[@]}"} make -C tests/c -j 16 kernel_check
+    phase kernel_check 90 110 env ${BUILD_ENV[@]+"${BUILD_ENV[@]}"} make -C tests/c -j 16 kernel_check
 elif [ -f tests/gpu/kernel_check.py ]; then
-    phase kernel_check 90 100 "$PY" tests/gpu/kernel_check.py
+    phase kernel_check 90 110 "$PY" tests/gpu/kernel_check.py
 else
     skip kernel_check "no kernel checker (tests/gpu/kernel_check.c with a tests/c target, or .py)"
+fi
+
+# ---- training timing ------------------------------------------------------------------------
+if [ -f benchmarks/ddp_gpu.py ]; then
+    phase ddp 70 50 "$PY" benchmarks/ddp_gpu.py --steps 5 --timeout 30 --out "$OUT/ddp"
+else
+    skip ddp "no benchmarks/ddp_gpu.py in this tree"
 fi
 
 # ---- benchmark ------------------------------------------------------------------------------
@@ -212,6 +221,10 @@ phase compare $((DEADLINE + 25)) 0 "${COMPARE[@]}"
     if [ -f "$OUT/kernel_check.log" ]; then
         echo
         echo "kernel check: $(grep -v '^\$ ' "$OUT/kernel_check.log" | grep -v '^make' | tail -n 1)"
+    fi
+    if [ -f "$OUT/ddp/ddp_gpu.md" ]; then
+        echo
+        cat "$OUT/ddp/ddp_gpu.md"
     fi
     if [ -f "$OUT/compare.log" ]; then
         echo
