@@ -65,7 +65,7 @@ def test_dry_run_plan(tmp_path: Path) -> None:
     assert cmd[5] == str(tmp_path / "out" / "compare") and "--quick" in cmd
     deadline = int(cmd[cmd.index("--deadline") + 1])
     # the benchmark's deadline ends within the budget; its timeout is only a backstop
-    assert 45 <= deadline <= 340 - 30 and int(compare.group(1)) == deadline + 25
+    assert 45 <= deadline <= 345 - 30 and int(compare.group(1)) == deadline + 25
     assert int(build.group(1)) <= 150
     assert (tmp_path / "out" / "summary.txt").exists()
 

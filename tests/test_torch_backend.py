@@ -512,6 +512,47 @@ def test_cuda_work_orders_streams(monkeypatch):
     assert log == [("wait", None)]
 
 
+def test_cuda_calls_are_posted_on_the_stream():
+    import xccl._C as C
+    import xccl.torch as xt
+
+    calls = []
+
+    class FakeComm:
+        rank, size = 1, 2
+
+        def allreduce(self, *args, **kwargs):
+            calls.append(("allreduce", args, kwargs))
+
+        def barrier(self, **kwargs):
+            calls.append(("barrier", (), kwargs))
+
+    on = xt._OnStream(FakeComm(), 0x50)
+    on.allreduce("b", "b", 0, 1.0, timeout=3.0)
+    on.barrier(timeout=1.0)
+    assert calls == [("allreduce", ("b", "b", 0, 1.0), {"stream": 0x50, "timeout": 3.0}),
+                     ("barrier", (), {"timeout": 1.0})]
+    assert on.rank == 1 and on.size == 2
+    # every operation named takes a stream in the extension (_C.pyi)
+    assert all(callable(getattr(C.Comm, name)) for name in xt._STREAM_OPS)
+    stub = open(os.path.join(ROOT, "python", "xccl", "_C.pyi")).read()
+    for name in xt._STREAM_OPS:
+        sig = stub.split(f"def {name}(", 1)[1].split(") ->", 1)[0]
+        assert "stream: Optional[int]" in sig, name
+
+
+def test_future_completer_survives_a_failing_job():
+    import threading
+
+    import xccl.torch as xt
+
+    done = threading.Event()
+    c = xt._Completer()
+    c.submit(lambda: 1 / 0)
+    c.submit(done.set)
+    assert done.wait(10), "the completer thread died with the first job"
+
+
 def test_cuda_work_errors_are_torch_types(monkeypatch):
     import torch.distributed as dist
 

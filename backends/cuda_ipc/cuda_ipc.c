@@ -107,7 +107,7 @@ typedef struct ipc_send {
     xccl_tp_buf_t    buf;    /* SEND_HOST: the core's buffer                               */
     void            *cookie; /* the core's                                                 */
     void            *ev;     /* DEV: data ready; BOUNCE: copy into the bounce buffer done  */
-    void            *bounce; /* pinned (bounce_get)                                         */
+    void            *bounce; /* bounce_get (pinned; ipc_dev.h says when not)              */
     size_t           bcap;
     const void      *src; /* SEND_DEV: the core's device buffer                           */
     ipc_desc_t       desc;
@@ -130,7 +130,7 @@ typedef struct ipc_recv {
     void            *cookie; /* the core's, once matched                                   */
     void            *ev;
     ipc_entry_t     *imp;    /* the mapping the copy reads                                 */
-    void            *bounce; /* pinned (bounce_get): RECV_BOUNCE, RESEND bytes, host dst    */
+    void            *bounce; /* bounce_get: RECV_BOUNCE, RESEND bytes, host dst            */
     size_t           bcap;
     int              host_out; /* copied on to dst (host memory) when the copy is done      */
     void            *dst;
@@ -232,7 +232,9 @@ static void bounce_put(xccl_tp_ctx_t *ctx, void *p, size_t cap)
     ipc_hbuf_t *h;
 
     if (p == NULL) return;
-    if (ctx->pool_bytes + cap > IPC_POOL_BYTES || (h = malloc(sizeof(*h))) == NULL) {
+    if (ctx->pool_bytes + cap > IPC_POOL_BYTES ||
+        (ctx->dev->host_pinned != NULL && !ctx->dev->host_pinned(p)) ||
+        (h = malloc(sizeof(*h))) == NULL) {
         ctx->dev->host_free(p);
         return;
     }
@@ -473,8 +475,8 @@ static int desc_match(xccl_tp_ctx_t *ctx, ipc_recv_t *r, int *nev)
     r->dst = dst.ptr;
     r->n   = (size_t)d->hdr.nbytes;
     if (dst.mem == XCCL_MEM_HOST) {
-        /* into host memory (a staged unexpected message, a host receive): through a pinned
-         * buffer, then copied on by the CPU; a copy into pageable memory would block */
+        /* into host memory (a staged unexpected message, a host receive): through a bounce
+         * buffer (pinned: a copy into pageable memory would block), then copied on by the CPU */
         r->bounce = bounce_get(ctx, r->n, &r->bcap);
         if (r->bounce == NULL) {
             st = XCCL_ERR_NO_MEMORY;

@@ -42,11 +42,14 @@ typedef struct ipc_dev_ops {
     xccl_status_t (*event_wait)(void *ev);
     /* Gives the event back (it may still be pending: only re-recorded later). */
     void (*event_free)(void *ev);
-    /* Pinned host memory for bounce buffers (NULL: none, the error set). A copy to or from
-     * pageable memory would block the calling thread until xccl's stream reaches it, and that
-     * stream may wait for a caller's stream that waits for a gate only progress opens. */
+    /* Host memory for bounce buffers (NULL: none, the error set): pinned, since a copy to or
+     * from pageable memory blocks the calling thread until xccl's stream reaches it; pageable
+     * only while pinning would have to wait for a stream held by a completion gate
+     * (csrc/cuda/cuda_lib.h), which host_pinned tells (NULL: always pinned). Such a buffer
+     * is not kept in the pool. */
     void *(*host_alloc)(size_t n);
     void (*host_free)(void *p);
+    int (*host_pinned)(const void *p);
 } ipc_dev_ops_t;
 
 /* The fake device (tests): selected by the test-only XCCL_CUDA_IPC_FAKE (1: every buffer is

@@ -157,6 +157,14 @@ static void *cu_host_alloc(size_t n)
     return (char *)p + HOST_HDR;
 }
 
+static int cu_host_pinned(const void *p)
+{
+    uint32_t kind;
+
+    memcpy(&kind, (const char *)p - HOST_HDR, sizeof kind);
+    return kind == HOST_PINNED;
+}
+
 static void cu_host_free(void *p)
 {
     uint32_t kind;
@@ -181,6 +189,7 @@ const ipc_dev_ops_t ipc_dev_cuda = {
     .event_free    = cu_free,
     .host_alloc    = cu_host_alloc,
     .host_free     = cu_host_free,
+    .host_pinned   = cu_host_pinned,
 };
 
 #else

@@ -208,6 +208,7 @@ static xccl_status_t dev_peers(shm_t *x)
     for (int q = 0; q < x->size; q++)
         all_ok &= ((const dev_slot_t *)(const void *)shm_slot(x, q))->ok == 1;
     if (!all_ok) {
+        xccl_task_settle(x->t); /* the message-based fallback maps nothing */
         x->st[SHM_PHASE] = PH_FALLBACK;
         return XCCL_OK;
     }
@@ -315,7 +316,8 @@ DEV_COST(cost_alltoall, XCCL_COLL_ALLTOALL)
                              .applicable = dev_applicable,                                         \
                              .cost       = cost_fn,                                                \
                              .progress   = dev_progress,                                           \
-                             .shared     = 1}
+                             .shared     = 1,                                                      \
+                             .maps_peers = 1}
 
 DEV_ALGO(xccl_algo_allreduce_devmap, XCCL_COLL_ALLREDUCE, cost_allreduce,
          "one host, device memory: each rank reduces its slice from every rank's mapped buffer "

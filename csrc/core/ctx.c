@@ -935,6 +935,23 @@ static void sbuf_release(xccl_sbuf_t *b)
     free(b);
 }
 
+/* Pins a pooled buffer for the first device executor there is (one per process in practice),
+ * so that its copies to and from the buffer are asynchronous (a copy of pageable memory holds
+ * the calling thread, the progress, until the device has run everything queued before it). A
+ * one-off buffer is used once, and pinning it would cost more than that copy. Declined while
+ * a stream waits for an operation (exec.h host_register): tried again when it comes back. */
+static void sbuf_pin(xccl_sbuf_t *b, size_t cap)
+{
+    for (int m = 0; m < XCCL_MEM_TYPES && !b->pinned; m++) {
+        const xccl_exec_ops_t *ex = xccl_exec_for((xccl_mem_type_t)m);
+        if (m != XCCL_MEM_HOST && ex != NULL && ex->host_register != NULL &&
+            ex->host_register(b->p, cap) == XCCL_OK) {
+            b->pinned    = 1;
+            b->pinned_by = m;
+        }
+    }
+}
+
 static xccl_sbuf_t *sbuf_new(xccl_ctx_t *ctx, size_t cap, int pooled)
 {
     xccl_sbuf_t *b = calloc(1, sizeof(*b));
@@ -944,19 +961,7 @@ static xccl_sbuf_t *sbuf_new(xccl_ctx_t *ctx, size_t cap, int pooled)
         free(b);
         return NULL;
     }
-    /* a pooled buffer is pinned for the first device executor there is (one per process in
-     * practice), so that its copies to and from the buffer are asynchronous (a copy of pageable
-     * memory holds the calling thread, the progress, until the device has run everything
-     * queued before it); a one-off buffer is used once, and pinning it would cost more than
-     * that copy */
-    for (int m = 0; pooled && m < XCCL_MEM_TYPES && !b->pinned; m++) {
-        const xccl_exec_ops_t *ex = xccl_exec_for((xccl_mem_type_t)m);
-        if (m != XCCL_MEM_HOST && ex != NULL && ex->host_register != NULL &&
-            ex->host_register(b->p, cap) == XCCL_OK) {
-            b->pinned    = 1;
-            b->pinned_by = m;
-        }
-    }
+    if (pooled) sbuf_pin(b, cap);
     b->cap         = cap;
     b->pooled      = pooled;
     b->busy        = 1;
@@ -1034,6 +1039,7 @@ static void stage_put(xccl_ctx_t *ctx, xccl_sbuf_t *b)
         sbuf_destroy(ctx, b);
         return;
     }
+    if (!b->pinned) sbuf_pin(b, b->cap); /* pinning was declined when it was made */
     b->next         = ctx->stage_free;
     ctx->stage_free = b;
 }

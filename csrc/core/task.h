@@ -231,6 +231,9 @@ struct xccl_algo {
     /* 1: uses the node-shared segment (see "Node-shared memory"); applicable only where
      * args->topo->shared says it can run. */
     int shared;
+    /* 1: maps peers' buffers (xccl_task_mem_import), retrying a mapping the device layer
+     * refuses for now: its Work is unsettled until it calls xccl_task_settle. */
+    int maps_peers;
 };
 
 /* ---------------------------------------------------------------------------------------------
@@ -298,11 +301,12 @@ xccl_status_t xccl_task_mem_import(xccl_task_t *t, const void *blob, size_t len,
  * XCCL_TASK_REDUCE_MAX; dst may alias a source), on the task's executor, like xccl_task_reduce. */
 xccl_status_t xccl_task_reduce_n(xccl_task_t *t, void *dst, const void *const *srcs, int k,
                                  size_t count);
-/* Says that the operation has queued what needs peers' buffers mapped and will map no more
- * (no xccl_task_mem_import from here on): a caller's stream may now wait for it on the device
- * (xccl_work_wait_stream) - mapping memory may synchronise the device, which cannot happen
- * while a stream waits for an operation that still needs it. Counts only for the Work's own
- * task (not a sub-task: the rest of the operation may still map memory). */
+/* Says that the operation has mapped every peer buffer it needs (no xccl_task_mem_import from
+ * here on). Only algorithms with maps_peers call it; every other operation is settled from the
+ * start. A caller's stream may wait for a settled Work on the device (xccl_work_wait_stream):
+ * mapping memory may synchronise the device, so the device layer refuses it while a stream
+ * waits, and an algorithm that retries a refused mapping could never finish a Work that a
+ * stream waits for. Counts only for the Work's own task (not a sub-task). */
 void          xccl_task_settle(xccl_task_t *t);
 
 enum {

@@ -108,6 +108,8 @@ void xccl_work_activate(xccl_work_t *w, int blocking)
     if (w->gate_exec != NULL) {
         ctx->ndevice++;
         w->dseq = ++ctx->dseq;
+        /* unsettled until it has mapped its peers' buffers, if its algorithm maps any */
+        atomic_store(&w->settled, !(w->kind == WORK_COLL && w->task.algo->maps_peers));
     }
     if (!blocking) count_async(ctx, w, w->gate_exec != NULL);
     /* one clock read serves the enqueue time and the deadline */
@@ -369,15 +371,28 @@ xccl_status_t xccl_work_wait_stream(xccl_work_t *w, void *stream)
         return XCCL_ERROR(XCCL_ERR_INVALID_USAGE, "%s: wait_stream needs an operation on device "
                           "memory (this one's buffers are host memory)", w->name);
     /* the CPU waits while the operation, or one posted before it, may still make a call that
-     * synchronises the device (xccl.h, Streams): such a call would wait for `stream` */
+     * synchronises the device (xccl.h, Streams): such a call would wait for `stream`. Once
+     * settled, the Work is marked (wait_loop) so that a failure breaks its communicator. */
     st = atomic_load(&w->status);
     if (st == XCCL_INPROGRESS) st = wait_loop(w, -1, 1);
     if (st == XCCL_OK) return XCCL_OK; /* its device work has finished */
     if (st < 0) return XCCL_ERROR(st, "%s", xccl_work_error(w));
-    /* racing with the finish is fine: a gate, once open, lets every later waiter through
-     * (and a failure seen after the mark breaks the communicator, xccl_work_finish) */
-    atomic_store(&w->stream_waited, 1);
-    return w->gate_exec->gate_wait(w->gate, stream);
+    /* racing with the finish is fine: a gate, once open, lets every later waiter through */
+    st = w->gate_exec->gate_wait(w->gate, stream);
+    if (st < 0) {
+        /* no stream waits: a failure need not break the communicator (a finished Work has
+         * decided already, and may have outlived its communicator) */
+        if (atomic_load(&w->status) == XCCL_INPROGRESS) {
+            xccl_ctx_t *ctx = w->comm->ctx;
+
+            pthread_mutex_lock(&ctx->lock);
+            atomic_store(&w->stream_waited, 0);
+            pthread_mutex_unlock(&ctx->lock);
+        }
+        return st;
+    }
+    st = atomic_load(&w->status);
+    return st < 0 ? XCCL_ERROR(st, "%s", xccl_work_error(w)) : XCCL_OK;
 }
 
 int xccl_work_source(const xccl_work_t *w) { return w->source; }
@@ -493,7 +508,11 @@ static xccl_status_t wait_loop(xccl_work_t *w, int64_t slice_us, int until_settl
         int n = xccl_ctx_progress_locked(ctx);
         if (n > 0) xccl_shared_disarm(&sh);
         if (atomic_load(&w->status) != XCCL_INPROGRESS) break;
-        if (until_settled && settled_upto(ctx, w)) break;
+        if (until_settled && settled_upto(ctx, w)) {
+            /* marked under the lock: a failure from here on breaks the communicator */
+            atomic_store(&w->stream_waited, 1);
+            break;
+        }
         if (ctx->done_head != NULL) {
             pthread_mutex_unlock(&ctx->lock);
             xccl_ctx_run_callbacks(ctx);

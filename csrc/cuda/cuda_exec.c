@@ -71,6 +71,7 @@ static int          gates_ready;
 /* kernel cache: [kind][dtype][op] (scale/divide: op 0) */
 static pthread_mutex_t fn_mu = PTHREAD_MUTEX_INITIALIZER;
 static CUfunction      fn_cache[K_KINDS][XCCL_DTYPE_COUNT][NOPS];
+static void            preload_kernels(void);
 
 /* scratch for overlapping copies (memmove through it); grown under scratch_mu */
 static pthread_mutex_t scratch_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -99,6 +100,7 @@ xccl_status_t xccl_cuda_exec_init(CUdevice dev)
                               "compiler, or a GPU older than sm_75?)",
                               xccl_cuda_kernel_archs(), en != NULL ? en : "?");
         }
+        preload_kernels();
     }
     if (!gates_ready) {
         CUdeviceptr   d = 0;
@@ -194,6 +196,32 @@ static void canonical(xccl_dtype_t *dt, xccl_op_t *op, size_t *count)
 }
 
 /* The kernel for (kind, dtype, op) after canonical(): XCCL_OK and *out, or the error. */
+static void kernel_name(char *name, size_t len, int kind, xccl_dtype_t dt, int o)
+{
+    if (kind == K_SCALE || kind == K_DIVIDE)
+        snprintf(name, len, "xccl_%s_%s", kind_names[kind], dt_names[dt]);
+    else
+        snprintf(name, len, "xccl_%s_%s_%s", kind_names[kind], dt_names[dt], op_names[o]);
+}
+
+/* Looks every kernel up now, when the device is chosen: under lazy loading (the default since
+ * CUDA 12.2) cuModuleGetFunction loads the kernel, and loading may synchronise the device, so
+ * it must not happen in the progress path later (cuda_lib.h). Names the fatbin lacks (an
+ * operator a type has no kernel for) are skipped: kernel() reports them when asked. */
+static void preload_kernels(void)
+{
+    char       name[64];
+    CUfunction f;
+
+    for (int kind = 0; kind < K_KINDS; kind++)
+        for (int dt = 0; dt < XCCL_DTYPE_COUNT; dt++)
+            for (int o = 0; o < (kind == K_SCALE || kind == K_DIVIDE ? 1 : NOPS); o++) {
+                kernel_name(name, sizeof name, kind, (xccl_dtype_t)dt, o);
+                if (xccl_cu.ModuleGetFunction(&f, module, name) == CUDA_SUCCESS)
+                    fn_cache[kind][dt][o] = f;
+            }
+}
+
 static xccl_status_t kernel(int kind, xccl_dtype_t dt, xccl_op_t op, CUfunction *out)
 {
     int        o = kind == K_SCALE || kind == K_DIVIDE ? 0 : (int)op;
@@ -207,11 +235,7 @@ static xccl_status_t kernel(int kind, xccl_dtype_t dt, xccl_op_t op, CUfunction 
     pthread_mutex_lock(&fn_mu);
     f = fn_cache[kind][dt][o];
     if (f == NULL) {
-        if (kind == K_SCALE || kind == K_DIVIDE)
-            snprintf(name, sizeof name, "xccl_%s_%s", kind_names[kind], dt_names[dt]);
-        else
-            snprintf(name, sizeof name, "xccl_%s_%s_%s", kind_names[kind], dt_names[dt],
-                     op_names[o]);
+        kernel_name(name, sizeof name, kind, dt, o);
         rc = xccl_cu.ModuleGetFunction(&f, module, name);
         if (rc == CUDA_SUCCESS) fn_cache[kind][dt][o] = f;
     }
@@ -423,7 +447,7 @@ static xccl_status_t cu_test(void *ev)
  * Implicit synchronisation (cuda_lib.h): the guard, deferred releases, allocation without it
  * ------------------------------------------------------------------------------------------- */
 
-/* recursive: a guarded call may release (an import closing a stale mapping) */
+/* recursive, so that a guarded section may release (xccl_cuda_release takes it again) */
 static pthread_mutex_t sync_mu = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
 
 typedef struct release {
@@ -431,7 +455,8 @@ typedef struct release {
     xccl_cuda_release_kind_t kind;
     void                    *p;
 } release_t;
-static release_t *releases; /* deferred, under sync_mu */
+static release_t  *releases;  /* deferred, under sync_mu */
+static _Atomic int nreleases; /* a hint: releases is not empty */
 
 /* memory from cuMemAllocAsync (freed with cuMemFreeAsync), under async_mu */
 static pthread_mutex_t async_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -486,6 +511,7 @@ static void flush_releases(void)
         release_now(r->kind, r->p);
         free(r);
     }
+    atomic_store_explicit(&nreleases, 0, memory_order_relaxed);
 }
 
 int xccl_cuda_sync_begin(void)
@@ -506,25 +532,35 @@ void xccl_cuda_release(xccl_cuda_release_kind_t kind, void *p)
     release_t *r;
 
     if (p == NULL || xccl_cuda_enter() != XCCL_OK) return;
+    /* one critical section: a gate that opens meanwhile finds the release queued */
+    pthread_mutex_lock(&sync_mu);
     if (xccl_cuda_sync_begin()) {
         release_now(kind, p);
         xccl_cuda_sync_end();
+        pthread_mutex_unlock(&sync_mu);
         return;
     }
     r = malloc(sizeof *r);
     if (r == NULL) { /* leaked rather than released under a waiting stream: a hang */
+        pthread_mutex_unlock(&sync_mu);
         XCCL_WARN("cuda: out of memory deferring a release; %p is leaked", p);
         return;
     }
-    r->kind = kind;
-    r->p    = p;
-    pthread_mutex_lock(&sync_mu);
+    r->kind  = kind;
+    r->p     = p;
     r->next  = releases;
     releases = r;
+    atomic_store_explicit(&nreleases, 1, memory_order_relaxed);
     pthread_mutex_unlock(&sync_mu);
 }
 
-void *xccl_cuda_alloc_async(size_t nbytes)
+void xccl_cuda_release_deferred(void)
+{
+    if (atomic_load_explicit(&nreleases, memory_order_relaxed) == 0) return;
+    if (xccl_cuda_sync_begin()) xccl_cuda_sync_end(); /* flushes */
+}
+
+static void *alloc_async(size_t nbytes)
 {
     CUdeviceptr p = 0;
     CUresult    rc;
@@ -593,7 +629,7 @@ static void *cu_alloc(size_t nbytes)
     CUresult    rc;
 
     if (xccl_cuda_enter() != XCCL_OK) return NULL;
-    if (!xccl_cuda_sync_begin()) return xccl_cuda_alloc_async(nbytes);
+    if (!xccl_cuda_sync_begin()) return alloc_async(nbytes);
     rc = xccl_cu.MemAlloc(&p, nbytes ? nbytes : 1);
     xccl_cuda_sync_end();
     if (rc != CUDA_SUCCESS) {
@@ -615,6 +651,7 @@ static xccl_status_t cu_order_after(void *stream, void **ev)
     CUresult rc;
 
     *ev = NULL;
+    xccl_cuda_release_deferred(); /* the caller's thread, no lock of xccl held: a good time */
     if (s == own) return XCCL_OK;
     XCCL_CHECK(xccl_cuda_enter());
     e = xccl_cuda_event_get();
@@ -648,10 +685,10 @@ static xccl_status_t cu_gate_new(uint64_t *ticket)
 static void cu_gate_open(uint64_t ticket)
 {
     if (!gates_ready) return;
+    /* the releases deferred meanwhile are made by the next guarded call or posted device
+     * operation (xccl_cuda_release_deferred), not here: this runs where a Work finishes, with
+     * the context's lock held, and freeing waits for every stream */
     xccl_gates_open(&gates, (uint32_t)ticket);
-    /* the last waited gate opened: the releases deferred meanwhile (sync_begin flushes) */
-    if (xccl_gates_nwaited(&gates) == 0 && releases != NULL && xccl_cuda_sync_begin())
-        xccl_cuda_sync_end();
 }
 
 static xccl_status_t cu_gate_wait(uint64_t ticket, void *stream)
@@ -671,6 +708,7 @@ static xccl_status_t cu_gate_wait(uint64_t ticket, void *stream)
     }
     w  = gate_dev + (CUdeviceptr)xccl_gates_word(&gates, t) * sizeof(uint32_t);
     rc = xccl_cu.StreamWaitValue32((CUstream)stream, w, t, CU_STREAM_WAIT_VALUE_GEQ);
+    if (rc != CUDA_SUCCESS) xccl_gates_unmark(&gates, t); /* nothing waits after all */
     pthread_mutex_unlock(&sync_mu);
     if (rc == CUDA_ERROR_NOT_SUPPORTED)
         return XCCL_ERROR(XCCL_ERR_NOT_SUPPORTED,

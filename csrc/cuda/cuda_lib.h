@@ -119,8 +119,9 @@ void xccl_cuda_ipc_close(void *mapped);
  * begin returns 0 - some stream waits for a closed gate - the caller goes without the call
  * for now: it tries again later (mapping a peer's buffer), takes a way that needs none
  * (cuMemAllocAsync, no pinning), or hands a release to xccl_cuda_release, which makes it at
- * once or as soon as no stream waits any more. Module loading happens when the device is
- * chosen, before any operation, and needs no guard. */
+ * once or, deferred, when no stream waits any more (the next guarded call or device operation
+ * posted). Every kernel is loaded when the device is chosen, before any operation, so that no
+ * lazy loading (CUDA_MODULE_LOADING=LAZY, the default since CUDA 12.2) happens later. */
 int  xccl_cuda_sync_begin(void);
 void xccl_cuda_sync_end(void);
 typedef enum xccl_cuda_release_kind {
@@ -130,11 +131,11 @@ typedef enum xccl_cuda_release_kind {
     XCCL_CUDA_IPC_CLOSE,     /* cuIpcCloseMemHandle                                        */
 } xccl_cuda_release_kind_t;
 void xccl_cuda_release(xccl_cuda_release_kind_t kind, void *p);
-/* Device memory allocated without an implicit synchronisation, on xccl's stream
- * (cuMemAllocAsync; legacy IPC cannot export it), for xccl_cuda_free_any. NULL with the error
- * set when the driver has no stream-ordered allocator or is out of memory. */
-void *xccl_cuda_alloc_async(size_t nbytes);
-/* Frees memory from cuMemAlloc or xccl_cuda_alloc_async, whichever it came from. */
+/* Makes the deferred releases once no stream waits (a guarded call does it too); called
+ * when a device operation is posted, on the caller's thread. */
+void xccl_cuda_release_deferred(void);
+/* Frees the executor's device memory, from cuMemAlloc or cuMemAllocAsync (allocated while a
+ * stream waited), whichever it came from. */
 void xccl_cuda_free_any(void *p);
 
 /* Events without timing, recycled: get returns one ready to record (NULL and the error set

@@ -124,3 +124,15 @@ int xccl_gates_is_open(xccl_gates_t *g, uint32_t ticket)
 
     return cyclic_geq(atomic_load_explicit(&g->words[w], memory_order_acquire), ticket);
 }
+
+void xccl_gates_unmark(xccl_gates_t *g, uint32_t ticket)
+{
+    uint32_t w = xccl_gates_word(g, ticket);
+
+    pthread_mutex_lock(&g->mu);
+    if (g->busy[w] && g->owner[w] == ticket && g->waited[w]) {
+        g->waited[w] = 0;
+        atomic_fetch_sub_explicit(&g->nwaited, 1, memory_order_release);
+    }
+    pthread_mutex_unlock(&g->mu);
+}

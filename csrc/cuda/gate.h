@@ -60,6 +60,8 @@ int xccl_gates_is_open(xccl_gates_t *g, uint32_t ticket);
 /* Marks the gate of `ticket` as waited on by a stream, if it is still closed: 1 (marked; the
  * caller queues the stream's wait), 0 when it is open already (nothing to wait for). */
 int xccl_gates_mark_waited(xccl_gates_t *g, uint32_t ticket);
+/* Undoes a mark whose stream wait could not be queued (the gate may be open by then). */
+void xccl_gates_unmark(xccl_gates_t *g, uint32_t ticket);
 /* The number of closed gates a stream waits for. */
 static inline uint32_t xccl_gates_nwaited(xccl_gates_t *g)
 {

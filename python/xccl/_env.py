@@ -58,6 +58,11 @@ def env_world_size() -> Optional[int]:
     return _first_int(_SIZE_VARS)
 
 
+def env_local_rank() -> Optional[int]:
+    """``LOCAL_RANK`` (None if unset; ValueError if it is not an integer)."""
+    return _first_int(("LOCAL_RANK",))
+
+
 def env_local_world_size() -> Optional[int]:
     """Processes per host from ``LOCAL_WORLD_SIZE`` or the Slurm / Open MPI fallbacks."""
     return _first_int(_LOCAL_SIZE_VARS)

@@ -110,6 +110,8 @@ class Work:
             self._cuda.order(self._work, self._cuda.current())
             if self._work.is_completed():
                 self._on_done()
+                if self._error is not None:
+                    raise self._error
             return True
         self._work.wait(timeout)
         self._on_done()

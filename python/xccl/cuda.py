@@ -22,8 +22,8 @@ copies and reductions on xccl's own stream), so GPU work queued meanwhile overla
 ``Work.wait()`` and a call with ``async_op=False`` behave as torch's NCCL backend: they make the
 current stream (and, for a call, the call's stream) wait for the operation on the GPU, so work
 queued there afterwards runs after it, and return without waiting for the GPU. The CPU waits
-only while the operation may still need a driver call that synchronises the device (see
-below). ``Work.synchronize()`` waits on the CPU until the operation has finished on the GPU;
+only until the operation has settled - at most until the peers of a one-host collective have
+joined (see below). ``Work.synchronize()`` waits on the CPU until the operation has finished on the GPU;
 ``Work.is_completed()`` polls; ``wait(timeout=...)`` waits on the CPU (the timeout bounds it).
 An operation that fails after a stream started waiting for it releases that stream; its error
 is raised by ``synchronize()``, ``is_completed()``/``exception()`` and the next call on the
@@ -37,10 +37,10 @@ wait for every stream of the process, a stream that waits for an xccl operation 
 the operation itself still needed such a call, neither would ever go on. So xccl makes those
 calls only while no stream waits for an unfinished operation (otherwise it tries again later,
 allocates with the stream-ordered allocator, or defers a release), and lets a stream wait for
-an operation only once the operation - and every earlier one - will make none any more: on
-one host the "devmap" collectives reach that point once their peers' buffers are mapped;
-message-based operations (point-to-point, the staged host path) only when they finish, so a
-wait on them is a CPU wait until the end.
+an operation only once the operation - and every earlier one - cannot be held up that way:
+message-based operations (point-to-point, the staged host path) from the start (they send
+through host memory instead), the one-host "devmap" collectives once their peers' buffers are
+mapped, which is when the peers have joined.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ releases forward fewer methods (not verified here). Sparse tensors are not suppo
 CUDA tensors (the backend is registered for ``"cpu"`` and ``"cuda"``), with the stream rules
 of torch's NCCL backend: an operation runs after the work queued on the current stream of
 its tensors' GPU when it is called; ``Work.wait()`` makes the current stream wait for it (the
-CPU waits only while the operation may still need a driver call that synchronises the device:
+CPU waits at most until the peers of a one-host collective have joined:
 :mod:`xccl.cuda`, Streams; ``XCCL_CUDA_WAIT=cpu`` makes it a CPU wait); ``get_future()``
 gives a CUDA-aware future that completes once the device work has finished. Outputs that go
 through a temporary (non-contiguous tensors, tensor lists) are copied on the call's stream
@@ -301,7 +301,9 @@ def _call_of(*named: tuple[str, Any]) -> _Call:
                 )
     if device is None or device.type == "cpu":
         return _HOST
-    if torch.cuda.is_current_stream_capturing():
+    with torch.cuda.device(device):
+        capturing = torch.cuda.is_current_stream_capturing()
+    if capturing:
         raise RuntimeError(
             "xccl backend: operations cannot be captured in a CUDA graph (xccl runs them on "
             "its own stream, driven from the host); call them outside the capture"
@@ -355,7 +357,13 @@ class _Completer:
 
     def _run(self) -> None:
         while True:
-            self._queue.get()()
+            job = self._queue.get()
+            try:
+                job()
+            except BaseException as exc:  # a job fails its own future; this keeps the thread
+                import sys
+
+                print(f"xccl backend: completing a future failed: {exc!r}", file=sys.stderr)
 
 
 _completer = _Completer()
@@ -546,11 +554,16 @@ class XcclWork(dist.Work):
         """The future of a CUDA operation: completed on an idle stream (behind the copy-outs'
         event), so that its consumers wait for nothing but this operation."""
         assert self._call is not None
-        side = _side_stream(self._call.device)
-        with torch.cuda.device(self._call.device), torch.cuda.stream(side):
-            if self._event is not None:
-                side.wait_event(self._event)
-            fut.set_result(self._result)
+        try:
+            side = _side_stream(self._call.device)
+            with torch.cuda.device(self._call.device), torch.cuda.stream(side):
+                if self._event is not None:
+                    side.wait_event(self._event)
+                fut.set_result(self._result)
+        except BaseException as exc:
+            if not fut.done():
+                fut.set_exception(exc)
+            raise
 
     def wait(self, timeout: Union[None, timedelta, float] = None) -> bool:
         """Blocks (GIL released) until the operation completes; returns True or raises its
@@ -1380,7 +1393,8 @@ def _agreed_context(store: Any, rank: int, size: int, ranks: Sequence[int]) -> O
 
 def _bind_gpu() -> None:
     """Chooses xccl's GPU at group creation when the script has chosen torch's already
-    (``torch.cuda.set_device(local_rank)`` before ``init_process_group``, as with NCCL): the
+    (``torch.cuda.set_device(local_rank)`` before ``init_process_group``, as with NCCL; a
+    machine with one GPU, or the current device is ``LOCAL_RANK``'s): the
     cuda_ipc transport, which serves point-to-point operations on GPUs of one host, needs the
     device before the communicator exists. Otherwise the first CUDA tensor chooses it
     (:mod:`xccl.cuda`); a process that never touched CUDA gets no CUDA context from here."""
@@ -1388,8 +1402,15 @@ def _bind_gpu() -> None:
         return
     from . import cuda as xcuda
 
+    device, count = torch.cuda.current_device(), torch.cuda.device_count()
+    local = _env.env_local_rank()
+    # only where that is the script's choice: one GPU, or the one LOCAL_RANK points at (a
+    # current device set by earlier use could differ from the group's device_id, which the
+    # creator does not see; then the first CUDA tensor chooses)
+    if count != 1 and (local is None or device != local % count):
+        return
     if xcuda.current_device() < 0 and xcuda.is_available():
-        xcuda.set_device(torch.cuda.current_device())
+        xcuda.set_device(device)
 
 
 def _create(backend_opts: Any, pg_options: Any = None) -> XcclProcessGroup:

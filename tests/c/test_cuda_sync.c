@@ -6,7 +6,8 @@
  * after $FAKE_CUDA_SYNC_TIMEOUT_MS (so a call that would hang on a GPU fails here instead).
  * While a stream waits for a closed completion gate:
  *   - xccl_cuda_sync_begin refuses; executor allocations come from the stream-ordered
- *     allocator; frees and unpinning are deferred and made when the last waited gate opens;
+ *     allocator; frees and unpinning are deferred, made by the first guarded call or device
+ *     operation posted once no gate is waited for;
  *     pinning is declined; mapping a peer's buffer answers XCCL_INPROGRESS; none of them waits;
  *   - two waited gates: the rule holds until both are open;
  *   - a gate opened before the stream's wait is queued costs no wait and no refusal.
@@ -114,10 +115,22 @@ static void test_rule(void)
     ex->gate_open(g1); /* one still waited */
     CHECK(xccl_cuda_sync_begin() == 0);
     CHECK(xccl_cuda_check_ptr(before, N) == XCCL_OK);
-    ex->gate_open(g2); /* the last: the deferred releases are made */
-    CHECK(xccl_cuda_check_ptr(before, N) != XCCL_OK);
-    CHECK(xccl_cuda_sync_begin() == 1);
+    ex->gate_open(g2); /* the last: not here (where a Work finishes, under its lock) ... */
+    CHECK(xccl_cuda_check_ptr(before, N) == XCCL_OK);
+    CHECK(xccl_cuda_sync_begin() == 1); /* ... but by the next guarded call */
     xccl_cuda_sync_end();
+    CHECK(xccl_cuda_check_ptr(before, N) != XCCL_OK);
+    /* or by the next device operation posted (order_after calls xccl_cuda_release_deferred) */
+    before = ex->alloc(N);
+    CHECK(before != NULL && ex->gate_new(&g1) == XCCL_OK && ex->gate_wait(g1, NULL) == XCCL_OK);
+    ex->free(before);
+    ex->gate_open(g1);
+    CHECK(xccl_cuda_check_ptr(before, N) == XCCL_OK);
+    {
+        void *mark = NULL;
+        if (ex->order_after(NULL, &mark) == XCCL_INPROGRESS) ex->drop_event(mark);
+    }
+    CHECK(xccl_cuda_check_ptr(before, N) != XCCL_OK);
 
     /* and everything works again: the peer's buffer maps and reads back its pattern */
     CHECK(ex->import_mem(blob, len, &mapped) == XCCL_OK && mapped != NULL);

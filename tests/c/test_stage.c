@@ -19,6 +19,7 @@
  *     once across many operations.
  * Every result is compared with values computed independently from the rank and index.
  */
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -173,12 +174,32 @@ static uint64_t ctx_stat(xccl_comm_t *c, int which)
 
 /* ---- tests ---------------------------------------------------------------------------------- */
 
+/* Posts the exchange's send after a pause, from another thread: the receive posted before it
+ * stays unfinished meanwhile. */
+typedef struct late_send {
+    xccl_comm_t     *c;
+    void            *buf;
+    int              to;
+    xccl_p2p_opts_t *o;
+    xccl_work_t     *w;
+} late_send_t;
+
+static void *late_send(void *arg)
+{
+    late_send_t *l = arg;
+
+    usleep(300 * 1000);
+    CHECK(xccl_isend_opts(l->c, l->buf, 64, l->to, 89, l->o, &l->w) == XCCL_OK);
+    return NULL;
+}
+
 /* Streams (exec.h): an operation on device memory is ordered after the caller's stream before
  * it queues anything and takes a gate when posted, which opens exactly once however it ends.
- * xccl_work_wait_stream (xccl.h) queues a wait on the gate of a running Work only once it and
- * every device Work posted before it have settled (p2p never settles: the test marks one as an
- * algorithm would), driving progress on the CPU until then; it answers at once when the Work is
- * done, and refuses a host-memory Work. (A failed Work: test_copy_failure.) */
+ * xccl_work_wait_stream (xccl.h) queues a wait on the gate of a running Work once it and every
+ * device Work posted before it have settled - p2p Works from the start; the test marks one
+ * unsettled, as devmap's are until they have mapped their peers' buffers - driving progress on
+ * the CPU until then; it answers at once when the Work is done, and refuses a host-memory
+ * Work. (A failed Work: test_copy_failure.) */
 static void test_streams(xccl_comm_t *c)
 {
     int              rank = xccl_comm_rank(c), size = xccl_comm_size(c);
@@ -188,39 +209,47 @@ static void test_streams(xccl_comm_t *c)
     xccl_coll_opts_t co     = {.mem = XCCL_MEM_CUDA, .stream = stream, .algo = "ring"};
     void            *s = dalloc(4096), *r = dalloc(4096), *h = mem_alloc(XCCL_MEM_HOST, 8);
     void            *s1 = dalloc(64), *r1 = dalloc(64);
-    xccl_work_t     *ws = NULL, *wr = NULL, *wh = NULL, *ws1 = NULL, *wr1 = NULL;
+    xccl_work_t     *ws = NULL, *wr = NULL, *wh = NULL, *wr1 = NULL;
     unsigned         orders = fgate.orders, waits;
-    uint64_t         gr;
+    uint64_t         gr, t0;
+    late_send_t      late = {c, s1, to, &o, NULL};
+    pthread_t        th;
 
     fill(s, 4096, rank, 40);
     fill(s1, 64, rank, 41);
-    /* an exchange whose sends are posted at once (it completes), then a receive whose send is
-     * posted only after a barrier (still running when asked) */
+    /* an exchange whose sends come 300 ms late, then a receive whose send is posted only after
+     * a barrier (still running when asked) */
     CHECK(xccl_irecv_opts(c, r1, 64, from, 89, &o, &wr1) == XCCL_OK);
-    CHECK(xccl_isend_opts(c, s1, 64, to, 89, &o, &ws1) == XCCL_OK);
     CHECK(xccl_irecv_opts(c, r, 4096, from, 90, &o, &wr) == XCCL_OK);
-    CHECK_MSG(fgate.orders == orders + 3 && fgate.order_stream == stream, "orders %u",
+    CHECK_MSG(fgate.orders == orders + 2 && fgate.order_stream == stream, "orders %u",
               fgate.orders - orders);
     gr = wr->gate;
     CHECK(wr->gate_exec == &fdev_ops && fgate_state(gr) == FGATE_CLOSED);
-    /* as if its algorithm had queued all its device work: the CPU waits for the unsettled
-     * exchange posted before it, then the stream waits on the device */
-    atomic_store(&wr->settled, 1);
+    CHECK(atomic_load(&wr->settled) && atomic_load(&wr1->settled)); /* p2p: from the start */
+    /* as if the first receive were an operation still to map peer memory: the CPU waits for
+     * it to finish (it has not settled), then the stream waits for the second on the device */
+    atomic_store(&wr1->settled, 0);
+    CHECK(pthread_create(&th, NULL, late_send, &late) == 0);
     waits = fgate.waits;
+    t0    = xccl_now_ns();
     CHECK(xccl_work_wait_stream(wr, other) == XCCL_OK);
-    CHECK_MSG(xccl_work_status(wr1) == XCCL_OK && xccl_work_status(ws1) == XCCL_OK,
-              "wait_stream returned before the unsettled Works posted earlier finished: %d %d",
-              xccl_work_status(wr1), xccl_work_status(ws1));
+    CHECK_MSG(xccl_work_status(wr1) == XCCL_OK && xccl_now_ns() - t0 >= 250000000ull,
+              "wait_stream returned after %.0f ms, the unsettled receive posted before: %d",
+              (double)(xccl_now_ns() - t0) / 1e6, xccl_work_status(wr1));
     CHECK_MSG(fgate.waits == waits + 1 && fgate.wait_ticket == gr && fgate.wait_stream == other,
               "wait_stream while running: %u waits, ticket %llu", fgate.waits - waits,
               (unsigned long long)fgate.wait_ticket);
     CHECK(xccl_work_status(wr) == XCCL_INPROGRESS);
     (void)check(r1, 64, 64, from, 41, "streams exchange");
+    CHECK(pthread_join(th, NULL) == 0);
     /* finished: nothing to queue */
     waits = fgate.waits;
     CHECK(xccl_work_wait_stream(wr1, stream) == XCCL_OK && fgate.waits == waits);
+    if (late.w != NULL) {
+        (void)wait_ok(late.w, "streams late send");
+        xccl_work_release(late.w);
+    }
     xccl_work_release(wr1);
-    xccl_work_release(ws1);
     sync_all(c);
     CHECK(xccl_isend_opts(c, s, 4096, to, 90, &o, &ws) == XCCL_OK);
     if (wait_ok(ws, "streams send") == XCCL_OK && wait_ok(wr, "streams recv") == XCCL_OK) {

@@ -127,6 +127,47 @@ def _ops(dist: Any, rank: int, ws: int) -> dict[str, Any]:
         elif rank == 1:
             dist.recv(p, 0)
             equal("send/recv", p, every[0])
+        if rank == 1:  # from any source, into a non-contiguous tensor
+            q = torch.zeros(2, N, device="cuda").t()
+            dist.recv(q, None)
+            equal("recv from any source, non-contiguous", q, np.stack([every[0], every[0]], 1))
+        elif rank == 0:
+            dist.send(torch.from_numpy(np.stack([mine, mine], 1)).cuda(), 1)
+        # rooted and list collectives
+        r = torch.from_numpy(mine).cuda()
+        dist.reduce(r, dst=0)
+        if rank == 0:
+            equal("reduce", r, total)
+        g = [torch.empty(N, device="cuda") for _ in range(ws)] if rank == 0 else None
+        dist.gather(torch.from_numpy(mine).cuda(), g, dst=0)
+        if rank == 0:
+            equal("gather", torch.stack(g), np.stack(every))
+        sc = torch.empty(N, device="cuda")
+        pieces = [torch.from_numpy(vals(q)).cuda() for q in range(ws)] if rank == 0 else None
+        dist.scatter(sc, pieces, src=0)
+        equal("scatter", sc, vals(rank))
+        outs = [torch.empty(rank + 1, device="cuda") for _ in range(ws)]
+        ins = [torch.full((q + 1,), float(10 * rank + q), device="cuda") for q in range(ws)]
+        dist.all_to_all(outs, ins)
+        equal("all_to_all lists", torch.cat(outs),
+              np.concatenate([np.full(rank + 1, 10 * q + rank, np.float32) for q in range(ws)]))
+        rs = torch.empty(N, device="cuda")
+        dist.reduce_scatter(rs, [torch.from_numpy(vals(rank) + q).cuda() for q in range(ws)])
+        equal("reduce_scatter lists", rs, np.sum([vals(q) + rank for q in range(ws)], axis=0))
+        # synchronize() and wait(timeout) wait on the CPU
+        y = torch.from_numpy(mine).cuda()
+        w = dist.all_reduce(y, async_op=True)
+        w.synchronize()
+        count += 1
+        if not w.is_completed():
+            failures.append(f"rank {rank}: not completed after synchronize()")
+        equal("synchronize", y, total)
+        y.copy_(torch.from_numpy(mine))
+        count += 1
+        w = dist.all_reduce(y, async_op=True)
+        if w.wait(timeout=datetime.timedelta(seconds=30)) is not True:
+            failures.append(f"rank {rank}: wait(timeout) did not return True")
+        equal("wait(timeout)", y, total)
         dist.barrier(device_ids=[0])
         # the future: CUDA-aware, completes with the outputs
         f = torch.from_numpy(mine).cuda()
@@ -203,37 +244,50 @@ def torch_body(rank: int, ws: int, store: str, backend: str, ops: bool) -> dict[
     """One launch (a process with torch and a CUDA context costs seconds): the operation
     checks (`ops`), then each kind of training; an exception ends the list."""
     dist = _init(backend, rank, ws, store)
-    res: dict[str, Any] = {"checks": 0, "failures": [], "params": {}}
+    res: dict[str, Any] = {"checks": 0, "failures": [], "params": {}, "errors": {}}
     if ops:
         res.update(_ops(dist, rank, ws))
-    for kind in KINDS:
+    for kind in KINDS:  # each kind on its own: one failing does not hide the others
         try:
             res["params"][kind] = _train(dist, ws, rank, kind)
         except Exception:
-            res["failures"].append(f"rank {rank} {kind} raised:\n{traceback.format_exc()}")
-            break
+            res["errors"][kind] = f"rank {rank} {kind} raised:\n{traceback.format_exc()}"
+            break  # the group's state is unknown from here
     dist.destroy_process_group()
     return res
 
 
 def test_torch_on_cuda_matches_gloo(tmp_path):
-    ours = run_spmd(torch_body, 2, str(tmp_path / "a"), "xcclc", True, init=False, timeout=240)
-    ref = run_spmd(torch_body, 2, str(tmp_path / "b"), "gloo", False, init=False, timeout=240)
-    failures = [f for r in ours + ref for f in r["failures"]]
-    assert not failures, "\n".join(failures[:20])
-    assert all(r["checks"] > 15 for r in ours), [r["checks"] for r in ours]
+    import warnings
+
+    ours = run_spmd(torch_body, 2, str(tmp_path / "a"), "xcclc", True, init=False, timeout=100)
+    ref = run_spmd(torch_body, 2, str(tmp_path / "b"), "gloo", False, init=False, timeout=100)
+    failures = [f for r in ours for f in r["failures"]]
+    failures += [e for r in ours for e in r["errors"].values()]
+    assert all(r["checks"] > 25 for r in ours), [r["checks"] for r in ours]
     for kind in KINDS:
+        if kind not in ours[0]["params"] or kind not in ours[1]["params"]:
+            continue  # reported above
+        for i, (a, b) in enumerate(zip(ours[0]["params"][kind], ours[1]["params"][kind],
+                                       strict=True)):
+            if not np.array_equal(a, b):
+                failures.append(f"{kind}: the ranks' parameters differ (tensor {i})")
+        if any(kind not in r["params"] for r in ref):
+            # gloo could not run it on CUDA tensors: nothing to compare with, said so
+            why = next(iter(r["errors"].get(kind, "") for r in ref if kind in r["errors"]), "")
+            warnings.warn(f"{kind}: no gloo reference on CUDA ({why.splitlines()[-1:]})",
+                          stacklevel=1)
+            continue
         # 2 ranks: every sum is a + b on both backends, so the results agree up to the order
         # of AVG's division and the compression hook's casts
         rtol = 1e-3 if kind == "ddp_fp16" else 1e-6
         for rank in range(2):
             mine, theirs = ours[rank]["params"][kind], ref[rank]["params"][kind]
             for i, (a, b) in enumerate(zip(mine, theirs, strict=True)):
-                assert np.allclose(a, b, rtol=rtol, atol=rtol), (
-                    kind, rank, i, float(np.abs(a - b).max()))
-        for i, (a, b) in enumerate(zip(ours[0]["params"][kind], ours[1]["params"][kind],
-                                       strict=True)):
-            assert np.array_equal(a, b), (kind, "the ranks' parameters differ", i)
+                if not np.allclose(a, b, rtol=rtol, atol=rtol):
+                    failures.append(f"{kind} rank {rank} tensor {i}: max |xcclc - gloo| "
+                                    f"{float(np.abs(a - b).max()):.3g}")
+    assert not failures, "\n".join(failures[:20])
 
 
 def strings_body(rank: int, ws: int, store: str, backend: str) -> list[Any]:
@@ -250,9 +304,9 @@ def strings_body(rank: int, ws: int, store: str, backend: str) -> list[Any]:
     return out
 
 
-@pytest.mark.parametrize("backend", ["cuda:xcclc", "cpu:gloo,cuda:xcclc"])
-def test_backend_strings_on_cuda(tmp_path, backend):
-    res = run_spmd(strings_body, 2, str(tmp_path / "s"), backend, init=False, timeout=120)
+def test_backend_string_with_gloo_for_cpu(tmp_path):
+    res = run_spmd(strings_body, 2, str(tmp_path / "s"), "cpu:gloo,cuda:xcclc", init=False,
+                   timeout=60)
     assert res == [[True, True, "XcclProcessGroup"]] * 2, res
 
 
@@ -287,7 +341,7 @@ def killed_body(rank: int, ws: int, store: str) -> dict[str, Any]:
 
 
 def test_killed_rank_during_gpu_training(tmp_path):
-    res = run_spmd(killed_body, 2, str(tmp_path / "store"), init=False, timeout=120,
+    res = run_spmd(killed_body, 2, str(tmp_path / "store"), init=False, timeout=90,
                    expect_exit={1: 7})
     r0 = res[0]
     assert r0["error"] is not None and "rank 1" in r0["message"], r0

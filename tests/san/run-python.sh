@@ -42,6 +42,7 @@ SAN_TESTS=(
     tests/test_shm.py::test_killed_rank_mid_cma_all_reduce
     tests/test_shm.py::test_destroy_and_reinit_leave_nothing
     tests/test_dlpack.py
+    tests/test_cuda_fake.py
     tests/test_reinit.py
     "tests/test_torch_backend.py::test_collectives[2]"
     tests/test_torch_backend.py::test_p2p
