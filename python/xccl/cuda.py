@@ -19,18 +19,19 @@ stream of the tensor's framework (torch's ``current_stream(device)``, CuPy's cur
 the legacy default stream for other DLPack producers). With ``async_op=True`` the call returns
 at once: the operation starts when that stream gets there and runs in the background (its
 copies and reductions on xccl's own stream), so GPU work queued meanwhile overlaps it.
-``Work.wait()`` and a call with ``async_op=False`` behave as torch's NCCL backend: they make the
-current stream (and, for a call, the call's stream) wait for the operation on the GPU, so work
-queued there afterwards runs after it, and return without waiting for the GPU. The CPU waits
-only until the operation has settled - at most until the peers of a one-host collective have
-joined (see below). ``Work.synchronize()`` waits on the CPU until the operation has finished on the GPU;
-``Work.is_completed()`` polls; ``wait(timeout=...)`` waits on the CPU (the timeout bounds it).
-An operation that fails after a stream started waiting for it releases that stream; its error
-is raised by ``synchronize()``, ``is_completed()``/``exception()`` and the next call on the
-group. ``stream=`` on host tensors is an error. The copy into list outputs (all_gather, gather,
-all_to_all) is queued on the call's stream once the operation has finished (the CPU waits for
-that), and ``wait()`` makes the current stream wait for the copy. ``XCCL_CUDA_WAIT=cpu`` makes
-every wait a CPU wait until the operation has finished on the GPU (gloo's CUDA behaviour).
+``Work.wait()`` and a call with ``async_op=False`` behave as torch's NCCL backend: they make
+the current stream (and, for a call, the call's stream) wait for the operation on the GPU, so
+work queued there afterwards runs after it, and return without waiting for the GPU. The CPU
+waits only until the operation has settled - at most until the peers of a one-host collective
+have joined (see below). ``Work.synchronize()`` waits on the CPU until the operation has
+finished on the GPU; ``Work.is_completed()`` polls; ``wait(timeout=...)`` waits on the CPU (the
+timeout bounds it). An operation that fails after a stream started waiting for it releases that
+stream; its error is raised by ``synchronize()``, ``is_completed()``/``exception()`` and the
+next call on the group. ``stream=`` on host tensors is an error. The copy into list outputs
+(all_gather, gather, all_to_all) is queued on the call's stream once the operation has finished
+(the CPU waits for that), and ``wait()`` makes the current stream wait for the copy.
+``XCCL_CUDA_WAIT=cpu`` makes every wait a CPU wait until the operation has finished on the GPU
+(gloo's CUDA behaviour).
 
 When the CPU waits: the driver calls that map a peer's buffer or allocate and free memory may
 wait for every stream of the process, a stream that waits for an xccl operation included; if
