@@ -388,7 +388,7 @@ def test_list_outputs_copied_on_the_call_stream_after_the_op():
                    ("exit", "call stream"), ("event",)]
     log.clear()
     assert work.wait() is True
-    assert log == [("wait", None)]
+    assert log == [("wait_stream", 0x60)]  # finished already: nothing is queued (C side)
     log.clear()
     assert work.wait(timeout=5) is True
     assert log == [("wait", 5)]  # a timeout bounds the wait
@@ -408,3 +408,74 @@ def test_failed_cuda_op_raises_at_wait():
         work.wait()
     with pytest.raises(xccl.XcclConnectionError):
         work.synchronize()
+
+
+def test_cuda_futures_complete_off_the_progress_thread_on_an_idle_stream():
+    """xccl._cudafut with a stand-in for torch (the logic, without a GPU): the future is made
+    CUDA-aware for the operation's GPU, completed on the completer thread, inside the idle
+    stream of that GPU, after that stream waits for the copy-out event; an error is set at
+    once; a failing completion fails the future instead of leaving it pending."""
+    import contextlib
+    import threading
+    import types
+
+    from xccl import _cudafut
+
+    log = []
+    current = threading.local()
+
+    class Stream:
+        def __init__(self, device):
+            self.device = device
+            log.append(("stream", device, threading.current_thread().name))
+
+        def wait_event(self, ev):
+            log.append(("wait_event", ev))
+
+    class Future:
+        def __init__(self, devices=None):
+            self.devices, self.value, self.error = devices, None, None
+            self.ready = threading.Event()
+
+        def set_result(self, v):
+            log.append(("set_result", v, getattr(current, "stream", None),
+                        threading.current_thread().name))
+            self.value = v
+            self.ready.set()
+
+        def set_exception(self, e):
+            self.error = e
+            self.ready.set()
+
+        def done(self):
+            return self.ready.is_set()
+
+    @contextlib.contextmanager
+    def stream(s):
+        current.stream = s
+        yield
+        current.stream = None
+
+    fake = types.SimpleNamespace(
+        device=lambda kind, i: (kind, i),
+        futures=types.SimpleNamespace(Future=Future),
+        cuda=types.SimpleNamespace(Stream=Stream, stream=stream, current_device=lambda: 0,
+                                   device=lambda d: contextlib.nullcontext()))
+    _cudafut._side_streams.pop(7, None)
+    fut = _cudafut.new_future(fake, 7)
+    assert fut.devices == [("cuda", 7)]
+    side = _cudafut._side_streams[7]
+    assert log == [("stream", 7, threading.current_thread().name)]  # made on this thread
+    _cudafut.complete(fake, fut, 7, ["out"], None, "copy-event")
+    assert fut.ready.wait(10)
+    assert log[1:] == [("wait_event", "copy-event"), ("set_result", ["out"], side,
+                                                      "xccl-cuda-futures")]
+    err = ValueError("failed")
+    fut2 = Future()
+    _cudafut.complete(fake, fut2, 7, ["out"], err)
+    assert fut2.done() and fut2.error is err  # at once, on the caller's thread
+    broken = types.SimpleNamespace(**{**vars(fake), "cuda": types.SimpleNamespace(
+        Stream=Stream, current_device=lambda: 0, device=lambda d: 1 / 0, stream=stream)})
+    fut3 = Future()
+    _cudafut.complete(broken, fut3, 7, ["out"], None)
+    assert fut3.ready.wait(10) and isinstance(fut3.error, ZeroDivisionError)

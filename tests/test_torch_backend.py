@@ -544,10 +544,10 @@ def test_cuda_calls_are_posted_on_the_stream():
 def test_future_completer_survives_a_failing_job():
     import threading
 
-    import xccl.torch as xt
+    from xccl import _cudafut
 
     done = threading.Event()
-    c = xt._Completer()
+    c = _cudafut.Completer()
     c.submit(lambda: 1 / 0)
     c.submit(done.set)
     assert done.wait(10), "the completer thread died with the first job"

@@ -68,34 +68,25 @@ xccl_cu_t xccl_cu;
     X(ModuleGetFunction, cuModuleGetFunction)                                                      \
     X(LaunchKernel, cuLaunchKernel)                                                                \
     /* end */
-#define SYM_STR_(x)     #x
-#define SYM_STR(x)      SYM_STR_(x)
-#define SYM(field, api) {offsetof(xccl_cu_t, field), SYM_STR(api)},
-static const struct {
-    size_t      off;
-    const char *name;
-} cu_syms[] = {CU_SYMS(SYM)};
-/* each pointer in xccl_cu_t has the type of the function the header declares under that name */
-#define SYM_TYPE(field, api)                                                                       \
-    _Static_assert(__builtin_types_compatible_p(__typeof__(&api), __typeof__(xccl_cu.field)),      \
-                   "xccl_cu_t." #field " does not match " SYM_STR(api));
-CU_SYMS(SYM_TYPE)
-#undef SYM_TYPE
-#undef SYM
-
 /* resolved when present: a driver without them still loads */
 #define CU_SYMS_OPTIONAL(X)                                                                        \
     X(MemAllocAsync, cuMemAllocAsync)                                                              \
     X(MemFreeAsync, cuMemFreeAsync)                                                                \
     /* end */
+#define SYM_STR_(x)     #x
+#define SYM_STR(x)      SYM_STR_(x)
 #define SYM(field, api) {offsetof(xccl_cu_t, field), SYM_STR(api)},
-static const struct {
+typedef struct cu_sym {
     size_t      off;
     const char *name;
-} cu_syms_optional[] = {CU_SYMS_OPTIONAL(SYM)};
+} cu_sym_t;
+static const cu_sym_t cu_syms[]          = {CU_SYMS(SYM)};
+static const cu_sym_t cu_syms_optional[] = {CU_SYMS_OPTIONAL(SYM)};
+/* each pointer in xccl_cu_t has the type of the function the header declares under that name */
 #define SYM_TYPE(field, api)                                                                       \
     _Static_assert(__builtin_types_compatible_p(__typeof__(&api), __typeof__(xccl_cu.field)),      \
                    "xccl_cu_t." #field " does not match " SYM_STR(api));
+CU_SYMS(SYM_TYPE)
 CU_SYMS_OPTIONAL(SYM_TYPE)
 #undef SYM_TYPE
 #undef SYM

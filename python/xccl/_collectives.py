@@ -91,7 +91,7 @@ def _done_cuda(
         finish()
     event = cuda.record_event()
     if async_op:
-        return Work(cwork, outputs, None, event)
+        return Work(cwork, outputs, None, event, cuda)
     if event is not None:
         event.wait()  # torch: the current stream waits for the copy on the call's stream
     return None

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, Optional, Union
 
-from . import _C
+from . import _C, _cudafut
 
 
 class Work:
@@ -91,7 +91,7 @@ class Work:
             self._done = True
             futures, self._futures = self._futures, []
         for fut in futures:
-            _complete_future(fut, self._outputs, error)
+            _complete_future(fut, self._outputs, error, self._cuda, self._event)
 
     # -- torch.distributed.Work API -------------------------------------------------------------
 
@@ -112,6 +112,8 @@ class Work:
                 self._on_done()
                 if self._error is not None:
                     raise self._error
+            if self._event is not None:
+                self._event.wait()  # the current stream waits for the copy into list outputs
             return True
         self._work.wait(timeout)
         self._on_done()
@@ -164,13 +166,13 @@ class Work:
         """A future completed with the list of output tensors (or the error) when the
         operation completes: a ``torch.futures.Future`` when torch is importable, else a
         ``concurrent.futures.Future``."""
-        fut = _new_future()
+        fut = _new_future(self._cuda)
         with self._lock:
             done = self._done
             if not done:
                 self._futures.append(fut)
         if done:
-            _complete_future(fut, self._outputs, self.exception())
+            _complete_future(fut, self._outputs, self.exception(), self._cuda, self._event)
         else:
             self._hook()
         return fut
@@ -201,13 +203,22 @@ class Work:
         return f"<xccl.Work {self._work.name} seq={self._work.seq} {state}>"
 
 
-def _new_future() -> Any:
+def _torch() -> Any:
     torch = sys.modules.get("torch")
     if torch is None:
         try:
             import torch
         except ImportError:
-            torch = None
+            return None
+    return torch
+
+
+def _new_future(cuda: Any = None) -> Any:
+    """A torch future (CUDA-aware for an operation on CUDA tensors: xccl._cudafut), else a
+    ``concurrent.futures.Future``."""
+    torch = _torch()
+    if torch is not None and cuda is not None:
+        return _cudafut.new_future(torch, cuda.device)
     if torch is not None:
         return torch.futures.Future()
     import concurrent.futures
@@ -217,8 +228,11 @@ def _new_future() -> Any:
     return fut
 
 
-def _complete_future(fut: Any, outputs: list[Any], error: Optional[BaseException]) -> None:
-    if error is not None:
+def _complete_future(fut: Any, outputs: list[Any], error: Optional[BaseException],
+                     cuda: Any = None, event: Any = None) -> None:
+    if cuda is not None and _torch() is not None:
+        _cudafut.complete(_torch(), fut, cuda.device, outputs, error, event)
+    elif error is not None:
         fut.set_exception(error)
     else:
         fut.set_result(outputs)

@@ -50,7 +50,6 @@ group is xccl's for CPU tensors too.
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -60,7 +59,7 @@ from typing import Any, Optional, Union
 import torch
 import torch.distributed as dist
 
-from . import _C, _env
+from . import _C, _cudafut, _env
 from ._collectives import _split_counts
 
 __all__ = [
@@ -308,7 +307,7 @@ def _call_of(*named: tuple[str, Any]) -> _Call:
             "xccl backend: operations cannot be captured in a CUDA graph (xccl runs them on "
             "its own stream, driven from the host); call them outside the capture"
         )
-    _side_stream(device)  # made here, on the caller's thread (see _side_stream)
+    _cudafut.side_stream(torch, device)  # made here, on the caller's thread
     return _Call(device, torch.cuda.current_stream(device))
 
 
@@ -319,54 +318,6 @@ def _order(cw: _C.Work, stream: int) -> None:
         cw.wait_stream(stream)
     else:
         cw.wait()
-
-
-# A stream per GPU, idle, on which futures of CUDA operations are completed: a CUDA-aware
-# future records an event on the completing thread's current stream, which consumers then wait
-# for, and the default stream may hold the caller's later work (or wait for it).
-_side_streams: dict[int, Any] = {}
-
-
-def _side_stream(device: torch.device) -> Any:
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    stream = _side_streams.get(index)
-    if stream is None:
-        stream = _side_streams.setdefault(index, torch.cuda.Stream(device=index))
-    return stream
-
-
-class _Completer:
-    """Completes CUDA-aware futures on a thread of its own. Their callbacks (``then``, DDP's
-    comm hooks) may allocate or free device memory - calls that may wait for every stream,
-    including one that waits for an xccl operation - and must not stall xccl's progress
-    thread, which is what opens that operation's gate."""
-
-    def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
-        self._thread: Optional[threading.Thread] = None
-        self._lock = threading.Lock()
-
-    def submit(self, fn: Callable[[], None]) -> None:
-        with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="xccl-torch-futures", daemon=True
-                )
-                self._thread.start()
-        self._queue.put(fn)
-
-    def _run(self) -> None:
-        while True:
-            job = self._queue.get()
-            try:
-                job()
-            except BaseException as exc:  # a job fails its own future; this keeps the thread
-                import sys
-
-                print(f"xccl backend: completing a future failed: {exc!r}", file=sys.stderr)
-
-
-_completer = _Completer()
 
 
 def _src(t: torch.Tensor, what: str = "tensor") -> torch.Tensor:
@@ -543,27 +494,12 @@ class XcclWork(dist.Work):
             self._complete(inner)
 
     def _complete(self, fut: torch.futures.Future) -> None:
-        if self._error is not None:
+        if self._call is not None:  # a CUDA-aware future (xccl._cudafut)
+            _cudafut.complete(torch, fut, self._call.device, self._result, self._error, self._event)
+        elif self._error is not None:
             fut.set_exception(self._error)
-        elif self._call is None:
-            fut.set_result(self._result)
         else:
-            _completer.submit(lambda: self._complete_cuda(fut))
-
-    def _complete_cuda(self, fut: torch.futures.Future) -> None:
-        """The future of a CUDA operation: completed on an idle stream (behind the copy-outs'
-        event), so that its consumers wait for nothing but this operation."""
-        assert self._call is not None
-        try:
-            side = _side_stream(self._call.device)
-            with torch.cuda.device(self._call.device), torch.cuda.stream(side):
-                if self._event is not None:
-                    side.wait_event(self._event)
-                fut.set_result(self._result)
-        except BaseException as exc:
-            if not fut.done():
-                fut.set_exception(exc)
-            raise
+            fut.set_result(self._result)
 
     def wait(self, timeout: Union[None, timedelta, float] = None) -> bool:
         """Blocks (GIL released) until the operation completes; returns True or raises its
@@ -610,7 +546,7 @@ class XcclWork(dist.Work):
         with self._lock:
             if self._outer is None:
                 if self._call is not None:
-                    self._inner = torch.futures.Future(devices=[self._call.device])
+                    self._inner = _cudafut.new_future(torch, self._call.device)
                 else:
                     self._inner = torch.futures.Future()
                 self._outer = self._inner.then(_unwrap)
