@@ -1,6 +1,6 @@
 """torch futures of operations on CUDA tensors (xccl's own Work and the torch backend's).
 
-torch refuses CUDA tensors in a future made without their devices, and a CUDA-aware future
+A future made without devices takes CUDA tensors but orders no stream; a CUDA-aware one
 (``torch.futures.Future(devices=[gpu])``) records an event on the completing thread's current
 stream when it completes, which its consumers then wait for. xccl completes such futures:
 
