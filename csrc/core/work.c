@@ -370,9 +370,9 @@ xccl_status_t xccl_work_wait_stream(xccl_work_t *w, void *stream)
     if (w->gate_exec == NULL)
         return XCCL_ERROR(XCCL_ERR_INVALID_USAGE, "%s: wait_stream needs an operation on device "
                           "memory (this one's buffers are host memory)", w->name);
-    /* the CPU waits while the operation, or one posted before it, may still make a call that
-     * synchronises the device (xccl.h, Streams): such a call would wait for `stream`. Once
-     * settled, the Work is marked (wait_loop) so that a failure breaks its communicator. */
+    /* the CPU waits while the operation, or one posted before it, has not settled (xccl.h,
+     * Streams): it could stop for a driver call refused while `stream` waits. Once settled, the
+     * Work is marked (wait_loop) so that a failure breaks its communicator. */
     st = atomic_load(&w->status);
     if (st == XCCL_INPROGRESS) st = wait_loop(w, -1, 1);
     if (st == XCCL_OK) return XCCL_OK; /* its device work has finished */
@@ -470,8 +470,9 @@ xccl_status_t xccl_work_wait(xccl_work_t *w, int64_t slice_ms)
     return xccl_work_wait_us(w, slice_ms < 0 ? -1 : slice_ms * 1000);
 }
 
-/* 1 when no device Work of w's context posted up to w is still unsettled (xccl_task_settle):
- * none of them will make a call that may synchronise the device any more. Lock held. */
+/* 1 when no device Work of w's context posted up to w is still unsettled (task.h,
+ * xccl_task_settle): none of them can stop for a driver call the device layer refuses while a
+ * stream waits. Lock held. */
 static int settled_upto(xccl_ctx_t *ctx, const xccl_work_t *w)
 {
     for (const xccl_work_t *x = ctx->dl_head; x != NULL; x = x->dl_next)
