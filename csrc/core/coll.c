@@ -58,6 +58,8 @@ const char *xccl_fp_str(uint64_t fp, char *buf, size_t len)
 /* Requests                                                                                    */
 /* ------------------------------------------------------------------------------------------ */
 
+
+static void *task_queue(const xccl_task_t *t); /* its communicator's executor queue */
 static void req_init(xccl_req_t *r, xccl_work_t *w, req_kind_t kind, int world_peer, void *buf,
                      size_t nbytes, uint64_t tag)
 {
@@ -372,7 +374,7 @@ xccl_status_t xccl_task_reduce(xccl_task_t *t, void *dst, const void *a, const v
     if (t->exec == &xccl_exec_cpu) {
         st = xccl_reduce2(dst, a, b, count, t->args.dtype, t->args.op);
     } else {
-        st = t->exec->reduce(dst, a, b, count, t->args.dtype, t->args.op, &ev);
+        st = t->exec->reduce(task_queue(t), dst, a, b, count, t->args.dtype, t->args.op, &ev);
         /* a sub-task's local work is in the Work's stream */
         if (st != XCCL_OK) st = task_exec_result(&t->work->task, st, ev, "a reduction");
     }
@@ -425,7 +427,7 @@ xccl_status_t xccl_task_reduce_n(xccl_task_t *t, void *dst, const void *const *s
         return XCCL_ERROR(XCCL_ERR_INTERNAL, "%s: reduce_n of %d sources on the %s executor",
                           t->work->name, k, t->exec->name);
     if (count == 0) return XCCL_OK;
-    st = t->exec->reduce_n(dst, srcs, k, count, t->args.dtype, t->args.op, &ev);
+    st = t->exec->reduce_n(task_queue(t), dst, srcs, k, count, t->args.dtype, t->args.op, &ev);
     if (st != XCCL_OK) st = task_exec_result(&t->work->task, st, ev, "a reduction");
     if (t0) xccl_trace_reduce(t, dst, count * t->args.elsize, t0);
     return st;
@@ -442,7 +444,7 @@ xccl_status_t xccl_task_copy(xccl_task_t *t, void *dst, const void *src, size_t 
         memmove(dst, src, nbytes);
         return XCCL_OK;
     }
-    st = t->exec->copy(dst, src, nbytes, &ev);
+    st = t->exec->copy(task_queue(t), dst, src, nbytes, &ev);
     return st == XCCL_OK ? XCCL_OK : task_exec_result(root, st, ev, "a copy");
 }
 
@@ -638,6 +640,16 @@ void xccl_coll_free(xccl_work_t *w)
     t->ev               = NULL;
 }
 
+void xccl_comm_free_queues(xccl_comm_t *comm)
+{
+    for (int m = 0; m < XCCL_MEM_TYPES; m++) {
+        const xccl_exec_ops_t *exec = xccl_exec_for((xccl_mem_type_t)m);
+        void                  *q    = atomic_exchange(&comm->queue[m], NULL);
+        /* an executor that went away leaks its queue rather than free it wrongly */
+        if (q != NULL && exec != NULL && exec->queue_free != NULL) exec->queue_free(q);
+    }
+}
+
 void xccl_comm_free_spare(xccl_comm_t *comm)
 {
     for (int m = 0; m < XCCL_MEM_TYPES; m++) {
@@ -770,12 +782,37 @@ static xccl_status_t comm_usable(const xccl_comm_t *comm, const char *what)
 /* Device memory, before anything of the operation is queued: takes its completion gate and
  * marks where the caller's stream stands (exec.h "streams"): while that point is ahead, the
  * operation waits in w->ready_ev. */
+void *xccl_comm_queue(xccl_comm_t *comm, const xccl_exec_ops_t *exec)
+{
+    void *q = atomic_load_explicit(&comm->queue[exec->mem], memory_order_acquire), *none = NULL;
+
+    if (q != NULL || exec->queue_new == NULL) return q;
+    if (exec->queue_new(&q) != XCCL_OK) {
+        XCCL_WARN("comm '%s': no queue of its own for %s memory (%s): its device work shares the "
+                  "executor's default queue", comm->name, exec->name, xccl_last_error());
+        return NULL;
+    }
+    /* two threads posting the first operations at once: one queue wins, the other goes */
+    if (!atomic_compare_exchange_strong(&comm->queue[exec->mem], &none, q)) {
+        exec->queue_free(q);
+        q = none;
+    }
+    return q;
+}
+
+/* The queue a task's executor operations run on: its communicator's. */
+static void *task_queue(const xccl_task_t *t)
+{
+    return atomic_load_explicit(&t->work->comm->queue[t->args.mem], memory_order_acquire);
+}
+
 static xccl_status_t exec_prepare(xccl_work_t *w, const xccl_exec_ops_t *exec, void *stream)
 {
     xccl_status_t st;
     void         *ev = NULL;
 
     w->task.exec = exec;
+    (void)xccl_comm_queue(w->comm, exec); /* before anything of the operation is queued */
     if (exec->gate_new != NULL) {
         XCCL_CHECK(exec->gate_new(&w->gate));
         w->gate_exec = exec;
@@ -974,7 +1011,7 @@ static xccl_status_t coll_epilogue(xccl_work_t *w)
     if (a->count == 0) return XCCL_OK;
     if (t->exec == &xccl_exec_cpu)
         return xccl_divide(a->rbuf, a->rbuf, a->count, a->dtype, w->comm->size);
-    st = t->exec->divide(a->rbuf, a->rbuf, a->count, a->dtype, w->comm->size, &ev);
+    st = t->exec->divide(task_queue(t), a->rbuf, a->rbuf, a->count, a->dtype, w->comm->size, &ev);
     return st == XCCL_OK ? XCCL_OK : task_exec_result(t, st, ev, "the average's division");
 }
 
@@ -1009,7 +1046,7 @@ static xccl_status_t task_scale(xccl_task_t *t, void *dst, const void *src, size
 
     if (count == 0) return XCCL_OK;
     if (t->exec == &xccl_exec_cpu) return xccl_scale(dst, src, count, t->args.dtype, factor);
-    st = t->exec->scale(dst, src, count, t->args.dtype, factor, &ev);
+    st = t->exec->scale(task_queue(t), dst, src, count, t->args.dtype, factor, &ev);
     return st == XCCL_OK ? XCCL_OK : task_exec_result(t, st, ev, "the premul_sum scaling");
 }
 

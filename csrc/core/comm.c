@@ -218,6 +218,7 @@ void xccl_comm_free(xccl_comm_t *c)
     free(c->unexp);
     free((void *)c->topo.node_of);
     xccl_comm_free_spare(c);
+    xccl_comm_free_queues(c);
     xccl_u64map_free(&c->splits);
     xccl_u64map_free(&c->colls);
     free(c);

@@ -213,6 +213,9 @@ struct xccl_comm {
     /* scratch kept from a finished operation, per memory type (coll.c) */
     void        *spare[XCCL_MEM_TYPES];
     size_t       spare_len[XCCL_MEM_TYPES];
+    /* the executor queue of each memory type (exec.h queue_new: a stream of this communicator
+     * on a device), made by the first operation on that type; NULL: the executor's default */
+    void *_Atomic queue[XCCL_MEM_TYPES];
     xccl_work_t *works_head, *works_tail; /* active Works (work.c)                      */
     /* splits made from this communicator, per member list (key: digest of the world ranks;
      * value: how many, as an integer): a split's id hashes in that count (comm.c) */
@@ -572,6 +575,9 @@ void          xccl_work_finish(xccl_work_t *w, xccl_status_t st, const char *msg
  * member whose notice says so: `why`) and fails its active collectives posted after #seq, which
  * wait on a member that will not come; later posts are refused. Once only. Lock held. */
 void          xccl_coll_break(xccl_comm_t *comm, uint64_t seq, const char *why);
+/* The communicator's queue for executor `exec` (core.h xccl_comm.queue), made on first use;
+ * NULL (the executor's default) when it has no queues or making one failed. Any thread. */
+void         *xccl_comm_queue(xccl_comm_t *comm, const struct xccl_exec_ops *exec);
 /* "send (p2p, tag T) on comm 'C' failed on rank R: <detail>" into buf; returns buf */
 const char   *xccl_p2p_error(const xccl_work_t *w, const char *detail, char *buf, size_t len);
 /* Adds a posted Work to the active list; unless `blocking`, counts it for the background
@@ -594,6 +600,8 @@ void          xccl_coll_free(xccl_work_t *w);
 xccl_status_t xccl_coll_progress(xccl_work_t *w);
 /* coll.c: frees the scratch buffers a communicator keeps (comm teardown). */
 void          xccl_comm_free_spare(xccl_comm_t *comm);
+/* coll.c: frees its executor queues (the last reference: nothing is queued on them). */
+void          xccl_comm_free_queues(xccl_comm_t *comm);
 /* coll.c: a mismatch notice (control message) is complete; 1 if it was consumed. */
 int           xccl_coll_ctrl_arrived(xccl_ctx_t *ctx, xccl_umsg_t *u);
 /* coll.c: tells the other members that this rank's part of collective w failed. */

@@ -13,30 +13,34 @@
 #include "core/reduce.h"
 #include "xccl/xccl_tp_support.h"
 
-static xccl_status_t cpu_copy(void *dst, const void *src, size_t nbytes, void **ev)
+static xccl_status_t cpu_copy(void *q, void *dst, const void *src, size_t nbytes, void **ev)
 {
+    (void)q;
     *ev = NULL;
     if (dst != src && nbytes > 0) memmove(dst, src, nbytes);
     return XCCL_OK;
 }
 
-static xccl_status_t cpu_reduce(void *dst, const void *a, const void *b, size_t count,
+static xccl_status_t cpu_reduce(void *q, void *dst, const void *a, const void *b, size_t count,
                                 xccl_dtype_t dtype, xccl_op_t op, void **ev)
 {
+    (void)q;
     *ev = NULL;
     return xccl_reduce2(dst, a, b, count, dtype, op);
 }
 
-static xccl_status_t cpu_scale(void *dst, const void *src, size_t count, xccl_dtype_t dtype,
+static xccl_status_t cpu_scale(void *q, void *dst, const void *src, size_t count, xccl_dtype_t dtype,
                                double factor, void **ev)
 {
+    (void)q;
     *ev = NULL;
     return xccl_scale(dst, src, count, dtype, factor);
 }
 
-static xccl_status_t cpu_divide(void *dst, const void *src, size_t count, xccl_dtype_t dtype,
+static xccl_status_t cpu_divide(void *q, void *dst, const void *src, size_t count, xccl_dtype_t dtype,
                                 int n, void **ev)
 {
+    (void)q;
     *ev = NULL;
     return xccl_divide(dst, src, count, dtype, n);
 }

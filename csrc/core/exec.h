@@ -12,8 +12,9 @@
  * its progress pass, as it tests transport requests (a failed operation waits for its events
  * before it frees their buffers).
  *
- * Ordering: the operations one executor queues run in the order they were issued, like work
- * on one stream, so a reduction may be issued on the result of one still queued. What an
+ * Ordering: the operations of one queue run in the order they were issued, like work on one
+ * stream, so a reduction may be issued on the result of one still queued. Each communicator
+ * has a queue of its own (queue_new); nothing orders two queues but the core. What an
  * executor cannot order - the transports reading or writing its memory - the core orders
  * (algo.h: sends and receives wait for the events issued before them).
  *
@@ -31,22 +32,30 @@
 typedef struct xccl_exec_ops {
     const char     *name; /* "cpu", "cuda" */
     xccl_mem_type_t mem;
-    /* dst = src over nbytes; either buffer may also be host memory (staging in and out). The
+    /* Every operation below runs on queue `q` (queue_new; NULL: the executor's default), in
+     * order with the others of that queue.
+     * dst = src over nbytes; either buffer may also be host memory (staging in and out). The
      * ranges may overlap (memmove semantics). */
-    xccl_status_t (*copy)(void *dst, const void *src, size_t nbytes, void **ev);
+    xccl_status_t (*copy)(void *q, void *dst, const void *src, size_t nbytes, void **ev);
     /* dst = a op b over count elements (dst may alias a or b), op a base operator. */
-    xccl_status_t (*reduce)(void *dst, const void *a, const void *b, size_t count,
+    xccl_status_t (*reduce)(void *q, void *dst, const void *a, const void *b, size_t count,
                             xccl_dtype_t dtype, xccl_op_t op, void **ev);
     /* dst = src * factor (PREMUL_SUM), semantics of xccl_scale (reduce.h). */
-    xccl_status_t (*scale)(void *dst, const void *src, size_t count, xccl_dtype_t dtype,
+    xccl_status_t (*scale)(void *q, void *dst, const void *src, size_t count, xccl_dtype_t dtype,
                            double factor, void **ev);
     /* dst = src / n (AVG), semantics of xccl_divide (reduce.h). */
-    xccl_status_t (*divide)(void *dst, const void *src, size_t count, xccl_dtype_t dtype, int n,
-                            void **ev);
+    xccl_status_t (*divide)(void *q, void *dst, const void *src, size_t count,
+                            xccl_dtype_t dtype, int n, void **ev);
     /* XCCL_OK (event released), XCCL_INPROGRESS, or an error (event released). NULL when
      * every operation of this executor finishes before it returns. */
     xccl_status_t (*test)(void *ev);
-    /* Scratch memory of this memory type; NULL when out of memory. */
+    /* Queues (device executors; NULL elsewhere): a communicator's own (a CUDA stream), so that
+     * the device work of different communicators may overlap. queue_free once nothing is
+     * queued on it any more. */
+    xccl_status_t (*queue_new)(void **q);
+    void (*queue_free)(void *q);
+    /* Scratch memory of this memory type; NULL when out of memory. free waits for the
+     * operations of every queue that may still use it. */
     void *(*alloc)(size_t nbytes);
     void (*free)(void *p);
 
@@ -97,7 +106,7 @@ typedef struct xccl_exec_ops {
      * XCCL_EXEC_REDUCE_MAX; dst may alias any source), asynchronous like reduce. */
     xccl_status_t (*export_mem)(const void *ptr, size_t nbytes, void *blob, size_t *len);
     xccl_status_t (*import_mem)(const void *blob, size_t len, void **ptr);
-    xccl_status_t (*reduce_n)(void *dst, const void *const *srcs, int k, size_t count,
+    xccl_status_t (*reduce_n)(void *q, void *dst, const void *const *srcs, int k, size_t count,
                               xccl_dtype_t dtype, xccl_op_t op, void **ev);
 } xccl_exec_ops_t;
 

@@ -267,9 +267,15 @@ static xccl_status_t launch(CUfunction f, size_t count, size_t esize, void **arg
 
 /* Records an event after the work just queued on xccl's stream: XCCL_INPROGRESS with *ev. When
  * that fails the work is still queued: wait for it, so the caller may free its buffers. */
-static xccl_status_t finish(void **ev)
+/* The stream of executor queue q (exec.h): a communicator's, or xccl's own for NULL. */
+static CUstream q_stream(void *q)
 {
-    CUstream s = xccl_cuda_stream();
+    return q != NULL ? (CUstream)q : xccl_cuda_stream();
+}
+
+static xccl_status_t finish(void *q, void **ev)
+{
+    CUstream s = q_stream(q);
     CUevent  e = xccl_cuda_event_get();
     CUresult rc;
 
@@ -338,11 +344,14 @@ static xccl_status_t copy_overlap(CUdeviceptr d, CUdeviceptr s, size_t n, CUstre
     }
     rc = xccl_cu.MemcpyAsync(scratch, s, n, st);
     if (rc == CUDA_SUCCESS) rc = xccl_cu.MemcpyAsync(d, scratch, n, st);
+    /* the scratch serves every queue: done with it before another queue's copy may use it
+     * (a stream of xccl's never waits for a caller's, so this returns) */
+    if (rc == CUDA_SUCCESS) rc = xccl_cu.StreamSynchronize(st);
     pthread_mutex_unlock(&scratch_mu);
     return rc == CUDA_SUCCESS ? XCCL_OK : xccl_cuda_fail(rc, "cuMemcpyAsync");
 }
 
-static xccl_status_t cu_copy(void *dst, const void *src, size_t nbytes, void **ev)
+static xccl_status_t cu_copy(void *q, void *dst, const void *src, size_t nbytes, void **ev)
 {
     CUdeviceptr d = (CUdeviceptr)(uintptr_t)dst, s = (CUdeviceptr)(uintptr_t)src;
     CUresult    rc;
@@ -353,15 +362,15 @@ static xccl_status_t cu_copy(void *dst, const void *src, size_t nbytes, void **e
         return XCCL_ERROR(XCCL_ERR_INVALID_ARG, "cuda copy: NULL buffer for %zu bytes", nbytes);
     XCCL_CHECK(xccl_cuda_enter());
     if (d < s + nbytes && s < d + nbytes) {
-        XCCL_CHECK(copy_overlap(d, s, nbytes, xccl_cuda_stream()));
+        XCCL_CHECK(copy_overlap(d, s, nbytes, q_stream(q)));
     } else {
-        rc = xccl_cu.MemcpyAsync(d, s, nbytes, xccl_cuda_stream());
+        rc = xccl_cu.MemcpyAsync(d, s, nbytes, q_stream(q));
         if (rc != CUDA_SUCCESS) return xccl_cuda_fail(rc, "cuMemcpyAsync");
     }
-    return finish(ev);
+    return finish(q, ev);
 }
 
-static xccl_status_t cu_reduce(void *dst, const void *a, const void *b, size_t count,
+static xccl_status_t cu_reduce(void *q, void *dst, const void *a, const void *b, size_t count,
                                xccl_dtype_t dtype, xccl_op_t op, void **ev)
 {
     const void *ptrs[3] = {dst, a, b};
@@ -377,15 +386,15 @@ static xccl_status_t cu_reduce(void *dst, const void *a, const void *b, size_t c
     XCCL_CHECK(kernel(K_REDUCE2, dtype, op, &f));
     {
         void *args[] = {&dst, &a, &b, &n};
-        XCCL_CHECK(launch(f, n, xccl_dtype_size(dtype), args, xccl_cuda_stream(),
+        XCCL_CHECK(launch(f, n, xccl_dtype_size(dtype), args, q_stream(q),
                           "cuLaunchKernel(reduce)"));
     }
-    return finish(ev);
+    return finish(q, ev);
 }
 
 /* scale (divide 0) or divide (1); complex maps to its float component type */
-static xccl_status_t cu_map(int kind, void *dst, const void *src, size_t count, xccl_dtype_t dtype,
-                            double factor, int dn, void **ev)
+static xccl_status_t cu_map(int kind, void *q, void *dst, const void *src, size_t count,
+                            xccl_dtype_t dtype, double factor, int dn, void **ev)
 {
     const char *what    = kind == K_SCALE ? "scale" : "divide";
     const void *ptrs[2] = {dst, src};
@@ -409,26 +418,26 @@ static xccl_status_t cu_map(int kind, void *dst, const void *src, size_t count, 
     XCCL_CHECK(kernel(kind, dtype, XCCL_OP_SUM, &f));
     if (kind == K_SCALE) {
         void *args[] = {&dst, &src, &n, &factor};
-        XCCL_CHECK(launch(f, n, xccl_dtype_size(dtype), args, xccl_cuda_stream(),
+        XCCL_CHECK(launch(f, n, xccl_dtype_size(dtype), args, q_stream(q),
                           "cuLaunchKernel(scale)"));
     } else {
         void *args[] = {&dst, &src, &n, &dn};
-        XCCL_CHECK(launch(f, n, xccl_dtype_size(dtype), args, xccl_cuda_stream(),
+        XCCL_CHECK(launch(f, n, xccl_dtype_size(dtype), args, q_stream(q),
                           "cuLaunchKernel(divide)"));
     }
-    return finish(ev);
+    return finish(q, ev);
 }
 
-static xccl_status_t cu_scale(void *dst, const void *src, size_t count, xccl_dtype_t dtype,
-                              double factor, void **ev)
+static xccl_status_t cu_scale(void *q, void *dst, const void *src, size_t count,
+                              xccl_dtype_t dtype, double factor, void **ev)
 {
-    return cu_map(K_SCALE, dst, src, count, dtype, factor, 1, ev);
+    return cu_map(K_SCALE, q, dst, src, count, dtype, factor, 1, ev);
 }
 
-static xccl_status_t cu_divide(void *dst, const void *src, size_t count, xccl_dtype_t dtype, int n,
-                               void **ev)
+static xccl_status_t cu_divide(void *q, void *dst, const void *src, size_t count,
+                               xccl_dtype_t dtype, int n, void **ev)
 {
-    return cu_map(K_DIVIDE, dst, src, count, dtype, 0.0, n, ev);
+    return cu_map(K_DIVIDE, q, dst, src, count, dtype, 0.0, n, ev);
 }
 
 static xccl_status_t cu_test(void *ev)
@@ -458,6 +467,75 @@ typedef struct release {
 static release_t  *releases;  /* deferred, under sync_mu */
 static _Atomic int nreleases; /* a hint: releases is not empty */
 
+/* The communicators' queues (exec.h queue_new): streams of their own, kept here so that a free
+ * can wait for every queue that may still use the memory. Under queues_mu. */
+static pthread_mutex_t queues_mu = PTHREAD_MUTEX_INITIALIZER;
+static CUstream       *queues;
+static size_t          nqueues, queues_cap;
+
+/* Waits until xccl's own stream and every queue have run what they hold (none of them ever
+ * waits for a caller's stream, so this returns). */
+static CUresult sync_queues(void)
+{
+    CUresult rc = xccl_cu.StreamSynchronize(xccl_cuda_stream());
+
+    pthread_mutex_lock(&queues_mu);
+    for (size_t i = 0; i < nqueues && rc == CUDA_SUCCESS; i++)
+        rc = xccl_cu.StreamSynchronize(queues[i]);
+    pthread_mutex_unlock(&queues_mu);
+    return rc;
+}
+
+static xccl_status_t cu_queue_new(void **q)
+{
+    CUstream s = NULL;
+    CUresult rc;
+
+    *q = NULL;
+    XCCL_CHECK(xccl_cuda_enter());
+    pthread_mutex_lock(&queues_mu);
+    if (nqueues == queues_cap) {
+        size_t    cap = queues_cap ? 2 * queues_cap : 8;
+        CUstream *a   = realloc(queues, cap * sizeof *a);
+
+        if (a == NULL) {
+            pthread_mutex_unlock(&queues_mu);
+            return XCCL_ERROR(XCCL_ERR_NO_MEMORY, "cuda: out of host memory");
+        }
+        queues     = a;
+        queues_cap = cap;
+    }
+    /* like xccl's own: no implicit order with the legacy default stream, highest priority */
+    rc = xccl_cu.StreamCreateWithPriority(&s, CU_STREAM_NON_BLOCKING, -1000);
+    if (rc == CUDA_SUCCESS) queues[nqueues++] = s;
+    pthread_mutex_unlock(&queues_mu);
+    if (rc != CUDA_SUCCESS) return xccl_cuda_fail(rc, "cuStreamCreateWithPriority (a queue)");
+    *q = s;
+    return XCCL_OK;
+}
+
+/* Once nothing is queued on it any more (its communicator is gone); the driver releases the
+ * stream when what it holds has run. */
+static void cu_queue_free(void *q)
+{
+    CUresult rc;
+
+    if (q == NULL || xccl_cuda_enter() != XCCL_OK) return;
+    pthread_mutex_lock(&queues_mu);
+    for (size_t i = 0; i < nqueues; i++) {
+        if (queues[i] == (CUstream)q) {
+            queues[i] = queues[--nqueues];
+            break;
+        }
+    }
+    pthread_mutex_unlock(&queues_mu);
+    rc = xccl_cu.StreamDestroy((CUstream)q);
+    if (rc != CUDA_SUCCESS) {
+        (void)xccl_cuda_fail(rc, "cuStreamDestroy (a queue)");
+        XCCL_WARN("%s", xccl_last_error());
+    }
+}
+
 /* memory from cuMemAllocAsync (freed with cuMemFreeAsync), under async_mu */
 static pthread_mutex_t async_mu = PTHREAD_MUTEX_INITIALIZER;
 static void          **async_ptrs;
@@ -470,11 +548,11 @@ static void release_now(xccl_cuda_release_kind_t kind, void *p)
 
     switch (kind) {
     case XCCL_CUDA_FREE_DEVICE:
-        /* a copy still queued on xccl's stream may use it (an operation that failed or timed
-         * out before its transfers into scratch finished): that stream first. It always
-         * drains - it never waits for a caller's stream */
+        /* a copy still queued may use it (an operation that failed or timed out before its
+         * transfers into scratch finished): xccl's streams first. They always drain - they
+         * never wait for a caller's stream */
         what = "cuStreamSynchronize (before cuMemFree)";
-        rc   = xccl_cu.StreamSynchronize(xccl_cuda_stream());
+        rc   = sync_queues();
         if (rc == CUDA_SUCCESS) {
             what = "cuMemFree";
             rc   = xccl_cu.MemFree((CUdeviceptr)(uintptr_t)p);
@@ -586,6 +664,8 @@ static void *alloc_async(size_t nbytes)
         async_cap  = cap;
     }
     rc = xccl_cu.MemAllocAsync(&p, nbytes ? nbytes : 1, xccl_cuda_stream());
+    /* usable on a queue's stream once xccl's own has run the allocation */
+    if (rc == CUDA_SUCCESS) rc = xccl_cu.StreamSynchronize(xccl_cuda_stream());
     if (rc == CUDA_SUCCESS) async_ptrs[nasync++] = (void *)(uintptr_t)p;
     pthread_mutex_unlock(&async_mu);
     if (rc != CUDA_SUCCESS) {
@@ -610,8 +690,11 @@ void xccl_cuda_free_any(void *p)
     }
     pthread_mutex_unlock(&async_mu);
     if (async) {
-        /* ordered after everything queued on xccl's stream that may use it */
-        CUresult rc = xccl_cu.MemFreeAsync((CUdeviceptr)(uintptr_t)p, xccl_cuda_stream());
+        /* after everything queued on the queues that may use it */
+        CUresult rc = sync_queues();
+
+        if (rc == CUDA_SUCCESS)
+            rc = xccl_cu.MemFreeAsync((CUdeviceptr)(uintptr_t)p, xccl_cuda_stream());
         if (rc != CUDA_SUCCESS) {
             (void)xccl_cuda_fail(rc, "cuMemFreeAsync");
             XCCL_WARN("%s", xccl_last_error());
@@ -742,13 +825,13 @@ static void cu_host_release(void *p)
     xccl_cuda_release(XCCL_CUDA_UNPIN_FREE, p);
 }
 
-static xccl_status_t cu_reduce_n(void *dst, const void *const *srcs, int k, size_t count,
-                                 xccl_dtype_t dtype, xccl_op_t op, void **ev)
+static xccl_status_t cu_reduce_n(void *q, void *dst, const void *const *srcs, int k,
+                                 size_t count, xccl_dtype_t dtype, xccl_op_t op, void **ev)
 {
     *ev = NULL;
     if (count == 0) return XCCL_OK;
-    XCCL_CHECK(xccl_cuda_reduce_n(dst, srcs, k, count, dtype, op, NULL));
-    return finish(ev);
+    XCCL_CHECK(xccl_cuda_reduce_n(dst, srcs, k, count, dtype, op, q_stream(q)));
+    return finish(q, ev);
 }
 
 const xccl_exec_ops_t xccl_exec_cuda = {
@@ -759,6 +842,8 @@ const xccl_exec_ops_t xccl_exec_cuda = {
     .scale           = cu_scale,
     .divide          = cu_divide,
     .test            = cu_test,
+    .queue_new       = cu_queue_new,
+    .queue_free      = cu_queue_free,
     .alloc           = cu_alloc,
     .free            = cu_free,
     .order_after     = cu_order_after,

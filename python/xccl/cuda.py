@@ -18,7 +18,7 @@ caller's stream: ``stream=`` when given (an int CUstream handle, a ``torch.cuda.
 stream of the tensor's framework (torch's ``current_stream(device)``, CuPy's current stream;
 the legacy default stream for other DLPack producers). With ``async_op=True`` the call returns
 at once: the operation starts when that stream gets there and runs in the background (its
-copies and reductions on xccl's own stream), so GPU work queued meanwhile overlaps it.
+copies and reductions on a stream of the group's own), so GPU work queued meanwhile overlaps it.
 ``Work.wait()`` and a call with ``async_op=False`` behave as torch's NCCL backend: they make
 the current stream (and, for a call, the call's stream) wait for the operation on the GPU, so
 work queued there afterwards runs after it, and return without waiting for the GPU. The CPU

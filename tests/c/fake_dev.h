@@ -181,14 +181,36 @@ static xccl_status_t fdev_issue(fdev_op_t proto, void **ev)
     return XCCL_INPROGRESS;
 }
 
-static xccl_status_t fdev_copy(void *dst, const void *src, size_t nbytes, void **ev)
+/* Queues (exec.h queue_new): tokens; the fake runs every queue's operations in one order,
+ * stricter than a device. The test checks that each communicator gets its own, that its
+ * operations name it, and that every one is freed (fdev_queues_live). */
+static long  fdev_queues_live;
+static void *fdev_last_queue; /* the queue of the last operation issued */
+
+static xccl_status_t fdev_queue_new(void **q)
 {
+    *q = malloc(1);
+    if (*q == NULL) return XCCL_ERR_NO_MEMORY;
+    __atomic_add_fetch(&fdev_queues_live, 1, __ATOMIC_RELAXED);
+    return XCCL_OK;
+}
+
+static void fdev_queue_free(void *q)
+{
+    __atomic_sub_fetch(&fdev_queues_live, 1, __ATOMIC_RELAXED);
+    free(q);
+}
+
+static xccl_status_t fdev_copy(void *q, void *dst, const void *src, size_t nbytes, void **ev)
+{
+    fdev_last_queue = q;
     return fdev_issue((fdev_op_t){.kind = FDEV_COPY, .dst = dst, .a = src, .n = nbytes}, ev);
 }
 
-static xccl_status_t fdev_reduce(void *dst, const void *a, const void *b, size_t count,
+static xccl_status_t fdev_reduce(void *q, void *dst, const void *a, const void *b, size_t count,
                                  xccl_dtype_t dtype, xccl_op_t op, void **ev)
 {
+    fdev_last_queue = q;
     return fdev_issue((fdev_op_t){.kind  = FDEV_REDUCE,
                                   .dst   = dst,
                                   .a     = a,
@@ -199,9 +221,10 @@ static xccl_status_t fdev_reduce(void *dst, const void *a, const void *b, size_t
                       ev);
 }
 
-static xccl_status_t fdev_scale(void *dst, const void *src, size_t count, xccl_dtype_t dtype,
-                                double factor, void **ev)
+static xccl_status_t fdev_scale(void *q, void *dst, const void *src, size_t count,
+                                xccl_dtype_t dtype, double factor, void **ev)
 {
+    fdev_last_queue = q;
     return fdev_issue((fdev_op_t){.kind   = FDEV_SCALE,
                                   .dst    = dst,
                                   .a      = src,
@@ -211,9 +234,10 @@ static xccl_status_t fdev_scale(void *dst, const void *src, size_t count, xccl_d
                       ev);
 }
 
-static xccl_status_t fdev_divide(void *dst, const void *src, size_t count, xccl_dtype_t dtype,
-                                 int n, void **ev)
+static xccl_status_t fdev_divide(void *q, void *dst, const void *src, size_t count,
+                                 xccl_dtype_t dtype, int n, void **ev)
 {
+    fdev_last_queue = q;
     return fdev_issue((fdev_op_t){.kind  = FDEV_DIVIDE,
                                   .dst   = dst,
                                   .a     = src,
@@ -223,10 +247,11 @@ static xccl_status_t fdev_divide(void *dst, const void *src, size_t count, xccl_
                       ev);
 }
 
-static xccl_status_t fdev_reduce_n(void *dst, const void *const *srcs, int k, size_t count,
-                                   xccl_dtype_t dtype, xccl_op_t op, void **ev)
+static xccl_status_t fdev_reduce_n(void *q, void *dst, const void *const *srcs, int k,
+                                   size_t count, xccl_dtype_t dtype, xccl_op_t op, void **ev)
 {
     fdev_op_t o = {.kind = FDEV_REDUCE_N, .dst = dst, .n = count, .dtype = dtype, .op = op, .k = k};
+    fdev_last_queue = q;
     if (k < 2 || k > XCCL_EXEC_REDUCE_MAX) return XCCL_ERR_INVALID_ARG;
     memcpy(o.srcs, srcs, (size_t)k * sizeof(*srcs));
     return fdev_issue(o, ev);
@@ -416,6 +441,8 @@ static const xccl_exec_ops_t fdev_ops = {
     .scale       = fdev_scale,
     .divide      = fdev_divide,
     .test        = fdev_test,
+    .queue_new   = fdev_queue_new,
+    .queue_free  = fdev_queue_free,
     .alloc       = fdev_alloc,
     .free        = fdev_free,
     .order_after = fdev_order_after,

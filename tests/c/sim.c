@@ -480,7 +480,7 @@ xccl_status_t xccl_task_reduce(xccl_task_t *t, void *dst, const void *a, const v
     if (t->exec == &xccl_exec_cpu) return xccl_reduce2(dst, a, b, count, args->dtype, args->op);
     {
         void         *ev = NULL;
-        xccl_status_t st = t->exec->reduce(dst, a, b, count, args->dtype, args->op, &ev);
+        xccl_status_t st = t->exec->reduce(NULL, dst, a, b, count, args->dtype, args->op, &ev);
         return exec_result(root_of(t), st, ev);
     }
 }
@@ -525,7 +525,7 @@ xccl_status_t xccl_task_reduce_n(xccl_task_t *t, void *dst, const void *const *s
     t->sim->events++;
     t->sim->res->reduce_bytes[root_of(t)->rank] += count * args->elsize;
     t->sim->res->reduce_calls[root_of(t)->rank]++;
-    st = t->exec->reduce_n(dst, srcs, k, count, args->dtype, args->op, &ev);
+    st = t->exec->reduce_n(NULL, dst, srcs, k, count, args->dtype, args->op, &ev);
     return exec_result(root_of(t), st, ev);
 }
 
@@ -548,7 +548,7 @@ xccl_status_t xccl_task_copy(xccl_task_t *t, void *dst, const void *src, size_t 
         memmove(dst, src, nbytes);
         return XCCL_OK;
     }
-    st = t->exec->copy(dst, src, nbytes, &ev);
+    st = t->exec->copy(NULL, dst, src, nbytes, &ev);
     return exec_result(root_of(t), st, ev);
 }
 

@@ -230,10 +230,10 @@ static void test_fake_driver(void)
     CHECK(strstr(xccl_last_error(), "not memory CUDA knows") != NULL);
     CHECK(xccl_cuda_check_ptr(NULL, 4) == XCCL_ERR_INVALID_ARG);
     /* copies: queued, completed by test */
-    st = ex->copy(d, host, sizeof host, &ev);
+    st = ex->copy(NULL, d, host, sizeof host, &ev);
     CHECK(st == XCCL_INPROGRESS && ev != NULL);
     if (st == XCCL_INPROGRESS) CHECK(ex->test(ev) == XCCL_OK);
-    st = ex->copy(back, d, sizeof back, &ev);
+    st = ex->copy(NULL, back, d, sizeof back, &ev);
     if (st == XCCL_INPROGRESS) CHECK(ex->test(ev) == XCCL_OK);
     CHECK(memcmp(host, back, sizeof host) == 0);
     CHECK(ex->host_register != NULL && ex->host_release != NULL);
@@ -243,21 +243,21 @@ static void test_fake_driver(void)
         CHECK(ex->host_register(pin, 0) == XCCL_ERR_INVALID_ARG);
         ex->host_release(pin); /* unpins and frees (ASan: no leak, no double free) */
     }
-    CHECK(ex->copy(d, d, 64, &ev) == XCCL_OK && ev == NULL); /* nothing to do: no event */
-    CHECK(ex->copy(d, host, 0, &ev) == XCCL_OK && ev == NULL);
+    CHECK(ex->copy(NULL, d, d, 64, &ev) == XCCL_OK && ev == NULL); /* nothing to do: no event */
+    CHECK(ex->copy(NULL, d, host, 0, &ev) == XCCL_OK && ev == NULL);
     /* no kernels: a reduction says so before anything is queued */
-    CHECK(ex->reduce(d, d, d, 4, XCCL_INT32, XCCL_OP_SUM, &ev) == XCCL_ERR_NOT_SUPPORTED);
+    CHECK(ex->reduce(NULL, d, d, d, 4, XCCL_INT32, XCCL_OP_SUM, &ev) == XCCL_ERR_NOT_SUPPORTED);
     CHECK(ev == NULL);
     CHECK_MSG(strstr(xccl_last_error(), "no GPU kernels") != NULL, "%s", xccl_last_error());
-    CHECK(ex->reduce(d, d, d, 0, XCCL_INT32, XCCL_OP_SUM, &ev) == XCCL_OK && ev == NULL);
+    CHECK(ex->reduce(NULL, d, d, d, 0, XCCL_INT32, XCCL_OP_SUM, &ev) == XCCL_OK && ev == NULL);
     /* bad arguments fail first */
-    CHECK(ex->reduce(d, d, d, 4, XCCL_FLOAT32, XCCL_OP_BAND, &ev) == XCCL_ERR_INVALID_ARG);
-    CHECK(ex->reduce(d, d, d, 4, XCCL_FLOAT32, XCCL_OP_AVG, &ev) == XCCL_ERR_INVALID_ARG);
-    CHECK(ex->reduce((char *)d + 2, d, d, 4, XCCL_INT32, XCCL_OP_SUM, &ev) ==
+    CHECK(ex->reduce(NULL, d, d, d, 4, XCCL_FLOAT32, XCCL_OP_BAND, &ev) == XCCL_ERR_INVALID_ARG);
+    CHECK(ex->reduce(NULL, d, d, d, 4, XCCL_FLOAT32, XCCL_OP_AVG, &ev) == XCCL_ERR_INVALID_ARG);
+    CHECK(ex->reduce(NULL, (char *)d + 2, d, d, 4, XCCL_INT32, XCCL_OP_SUM, &ev) ==
           XCCL_ERR_INVALID_ARG);
     CHECK(strstr(xccl_last_error(), "not aligned") != NULL);
-    CHECK(ex->scale(d, d, 4, XCCL_BOOL, 2.0, &ev) == XCCL_ERR_NOT_SUPPORTED);
-    CHECK(ex->divide(d, d, 4, XCCL_INT32, 0, &ev) == XCCL_ERR_INVALID_ARG);
+    CHECK(ex->scale(NULL, d, d, 4, XCCL_BOOL, 2.0, &ev) == XCCL_ERR_NOT_SUPPORTED);
+    CHECK(ex->divide(NULL, d, d, 4, XCCL_INT32, 0, &ev) == XCCL_ERR_INVALID_ARG);
     ex->free(d);
 }
 #endif

@@ -53,7 +53,7 @@ static void child(int to_parent, int from_parent)
     if (d == NULL) _exit(11);
     for (int i = 0; i < N; i++)
         host[i] = (unsigned char)(i * 7 + 3);
-    if (ex->copy(d, host, N, &ev) == XCCL_INPROGRESS && ex->test(ev) != XCCL_OK) _exit(12);
+    if (ex->copy(NULL, d, host, N, &ev) == XCCL_INPROGRESS && ex->test(ev) != XCCL_OK) _exit(12);
     if (ex->export_mem(d, N, blob, &len) != XCCL_OK) _exit(13);
     if (write(to_parent, &len, sizeof len) != (ssize_t)sizeof len ||
         write(to_parent, blob, len) != (ssize_t)len)
@@ -136,7 +136,7 @@ static void test_rule(void)
     CHECK(ex->import_mem(blob, len, &mapped) == XCCL_OK && mapped != NULL);
     if (mapped != NULL) {
         memset(back, 0, sizeof back);
-        if (ex->copy(back, mapped, N, &ev) == XCCL_INPROGRESS) CHECK(ex->test(ev) == XCCL_OK);
+        if (ex->copy(NULL, back, mapped, N, &ev) == XCCL_INPROGRESS) CHECK(ex->test(ev) == XCCL_OK);
         for (int i = 0; i < N; i++)
             if (back[i] != (unsigned char)(i * 7 + 3)) {
                 CHECK_MSG(0, "mapped byte %d: %u", i, back[i]);

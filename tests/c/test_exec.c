@@ -242,9 +242,9 @@ static void test_no_executor(xccl_comm_t *c)
 
 /* An executor error fails the operation with that error, naming the executor (one rank:
  * peers of a failed rank would only time out). */
-static xccl_status_t fail_copy(void *dst, const void *src, size_t nbytes, void **ev)
+static xccl_status_t fail_copy(void *q, void *dst, const void *src, size_t nbytes, void **ev)
 {
-    (void)dst, (void)src, (void)nbytes;
+    (void)q, (void)dst, (void)src, (void)nbytes;
     *ev = NULL;
     return xccl_error_set(XCCL_ERR_CUDA, "fake device: copy failed");
 }

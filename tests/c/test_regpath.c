@@ -834,9 +834,9 @@ static int fdev_owns(const void *p)
     return 0;
 }
 
-static xccl_status_t sx_copy(void *dst, const void *src, size_t nbytes, void **ev)
+static xccl_status_t sx_copy(void *q, void *dst, const void *src, size_t nbytes, void **ev)
 {
-    xccl_status_t st = fdev_copy(dst, src, nbytes, ev);
+    xccl_status_t st = fdev_copy(q, dst, src, nbytes, ev);
 
     if (st == XCCL_INPROGRESS && !fdev_owns(src) && fdev_owns(dst)) {
         pthread_mutex_lock(&rt.lock);

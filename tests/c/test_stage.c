@@ -333,9 +333,9 @@ static void test_streams(xccl_comm_t *c)
 
 /* A failing executor copy fails the send with a named error; nothing reaches the peer and
  * the communicator stays usable. */
-static xccl_status_t bad_copy(void *dst, const void *src, size_t n, void **ev)
+static xccl_status_t bad_copy(void *q, void *dst, const void *src, size_t n, void **ev)
 {
-    (void)dst, (void)src, (void)n;
+    (void)q, (void)dst, (void)src, (void)n;
     *ev = NULL;
     return XCCL_ERR_CUDA;
 }
@@ -442,9 +442,9 @@ static void test_registered_once(xccl_comm_t *c)
 static _Atomic int stuck;
 static int         stuck_ev;
 
-static xccl_status_t stuck_copy(void *dst, const void *src, size_t n, void **ev)
+static xccl_status_t stuck_copy(void *q, void *dst, const void *src, size_t n, void **ev)
 {
-    (void)dst, (void)src, (void)n;
+    (void)q, (void)dst, (void)src, (void)n;
     *ev = &stuck_ev;
     return XCCL_INPROGRESS;
 }
@@ -581,6 +581,9 @@ static int child(int rank, int size, void *unused)
     test_any_source(c);
     sync_all(c);
     test_colls(c, 0);
+    /* the communicator's device work ran on a queue of its own (exec.h queue_new) */
+    CHECK(atomic_load(&c->queue[XCCL_MEM_CUDA]) != NULL &&
+          fdev_last_queue == atomic_load(&c->queue[XCCL_MEM_CUDA]));
     sync_all(c);
     test_streams(c);
     sync_all(c);
@@ -612,6 +615,9 @@ static int child(int rank, int size, void *unused)
         dev_lock = la;
         if (a == NULL || b == NULL || b2 == NULL) return 2;
         test_stuck(a, b, b2);
+        if (rank == 0) /* two communicators, two queues */
+            CHECK(atomic_load(&b->queue[XCCL_MEM_CUDA]) != NULL &&
+                  atomic_load(&b->queue[XCCL_MEM_CUDA]) != atomic_load(&b2->queue[XCCL_MEM_CUDA]));
         xccl_comm_destroy(b);
         if (rank != 1) xccl_comm_destroy(b2);
         sync_all(a);
@@ -633,6 +639,8 @@ static int child(int rank, int size, void *unused)
               fdev_pin_calls, fdev_pinned);
     CHECK_MSG(fgate.marks_live == 0, "%ld stream marks neither completed nor dropped",
               fgate.marks_live);
+    CHECK_MSG(fdev_queues_live == 0, "%ld executor queues outlived their communicators",
+              fdev_queues_live);
     CHECK_MSG(fgate_unbalanced() == 0, "%zu of %llu completion gates not opened exactly once",
               fgate_unbalanced(), (unsigned long long)fgate.next);
     return ctest_failures != 0;

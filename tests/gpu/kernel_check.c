@@ -89,13 +89,13 @@ static void run(xccl_status_t st, void *const *ev, const char *what)
 static void put(void *dev, const void *host, size_t n)
 {
     void *ev = NULL;
-    run(ex->copy(dev, host, n, &ev), &ev, "copy to device");
+    run(ex->copy(NULL, dev, host, n, &ev), &ev, "copy to device");
 }
 
 static void get(void *host, const void *dev, size_t n)
 {
     void *ev = NULL;
-    run(ex->copy(host, dev, n, &ev), &ev, "copy to host");
+    run(ex->copy(NULL, host, dev, n, &ev), &ev, "copy to host");
 }
 
 static void sync_stream(CUstream s)
@@ -229,7 +229,7 @@ static void check_reduce(xccl_dtype_t dt, xccl_op_t op)
             put(da, ha, n * es);
             put(db, hb, n * es);
             if (xccl_reduce2(h_ref, ha, hb, n, dt, op) != XCCL_OK) die("xccl_reduce2");
-            run(ex->reduce(dd, da, db, n, dt, op, &ev), &ev, "reduce");
+            run(ex->reduce(NULL, dd, da, db, n, dt, op, &ev), &ev, "reduce");
             get(h_out, dd, n * es);
             compare("reduce", dt, xccl_op_name(op), n, o, h_ref, h_out);
         }
@@ -257,7 +257,7 @@ static void check_map(xccl_dtype_t dt)
                 fill(hs, n, dt);
                 put(ds, hs, n * es);
                 if (xccl_scale(h_ref, hs, n, dt, factors[fi]) != XCCL_OK) die("xccl_scale");
-                run(ex->scale(dd, ds, n, dt, factors[fi], &ev), &ev, "scale");
+                run(ex->scale(NULL, dd, ds, n, dt, factors[fi], &ev), &ev, "scale");
                 get(h_out, dd, n * es);
                 snprintf(name, sizeof name, "x%g", factors[fi]);
                 compare("scale", dt, name, n, o, h_ref, h_out);
@@ -266,7 +266,7 @@ static void check_map(xccl_dtype_t dt)
                 fill(hs, n, dt);
                 put(ds, hs, n * es);
                 if (xccl_divide(h_ref, hs, n, dt, divs[di]) != XCCL_OK) die("xccl_divide");
-                run(ex->divide(dd, ds, n, dt, divs[di], &ev), &ev, "divide");
+                run(ex->divide(NULL, dd, ds, n, dt, divs[di], &ev), &ev, "divide");
                 get(h_out, dd, n * es);
                 snprintf(name, sizeof name, "/%d", divs[di]);
                 compare("divide", dt, name, n, o, h_ref, h_out);
@@ -325,7 +325,7 @@ static void check_copies(void)
 
         fill(h_in[0], n, XCCL_UINT8);
         put(d_buf[0] + 1, h_in[0], n);
-        run(ex->copy(d_buf[1] + 3, d_buf[0] + 1, n, &ev), &ev, "copy d2d");
+        run(ex->copy(NULL, d_buf[1] + 3, d_buf[0] + 1, n, &ev), &ev, "copy d2d");
         get(h_out, d_buf[1] + 3, n);
         compare("copy d2d", XCCL_UINT8, "-", n, o, h_in[0], h_out);
         /* overlapping, both directions: memmove semantics */
@@ -334,7 +334,7 @@ static void check_copies(void)
             put(d_buf[2], h_in[0], n + shift);
             memcpy(h_ref, h_in[0], n + shift);
             memmove(dir ? h_ref + shift : h_ref, dir ? h_ref : h_ref + shift, n);
-            run(ex->copy(dir ? d_buf[2] + shift : d_buf[2], dir ? d_buf[2] : d_buf[2] + shift, n,
+            run(ex->copy(NULL, dir ? d_buf[2] + shift : d_buf[2], dir ? d_buf[2] : d_buf[2] + shift, n,
                          &ev),
                 &ev, "copy overlapping");
             get(h_out, d_buf[2], n + shift);
@@ -389,7 +389,7 @@ static void check_gates(void)
     put(d_buf[0], h_in[0], 4096);
     if (ex->order_after(s, &mark) != XCCL_INPROGRESS || mark == NULL)
         die("order_after on a waiting stream: not in progress");
-    if (ex->copy(d_buf[1], d_buf[0], 4096, &ev) != XCCL_INPROGRESS) die("copy");
+    if (ex->copy(NULL, d_buf[1], d_buf[0], 4096, &ev) != XCCL_INPROGRESS) die("copy");
     wait_ev(ev, "copy beside a waiting stream");
     get(h_out, d_buf[1], 4096);
     compare("copy beside a waiting stream", XCCL_UINT8, "-", 4096, o, h_in[0], h_out);

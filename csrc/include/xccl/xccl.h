@@ -298,8 +298,9 @@ typedef struct xccl_p2p_opts {
 
 /* Streams (device memory). An operation on device memory runs after the work queued on
  * opts->stream before the call (the GPU waits for it: the call never blocks the CPU on the
- * device), on xccl's own stream, with its copies and reductions done by the device. The Work
- * completes (xccl_work_test/wait report XCCL_OK) when its device work has finished.
+ * device), on a stream of its communicator's own, with its copies and reductions done by the
+ * device. The Work completes (xccl_work_test/wait report XCCL_OK) when its device work has
+ * finished.
  * xccl_work_wait_stream orders a stream of the caller after the Work; a Work that fails
  * releases such waiting streams too (its error is reported by xccl_work_test/wait/status,
  * never by the device). Deadlock freedom: driver calls that may synchronise the device
