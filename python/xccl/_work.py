@@ -108,17 +108,14 @@ class Work:
             timeout = None
         if self._cuda is not None and timeout is None:
             self._cuda.order(self._work, self._cuda.current())
-            if self._work.is_completed():
-                self._on_done()
-                if self._error is not None:
-                    raise self._error
-            if self._event is not None:
-                self._event.wait()  # the current stream waits for the copy into list outputs
-            return True
-        self._work.wait(timeout)
-        self._on_done()
-        if self._error is not None:
-            raise self._error
+            done = self._work.is_completed()
+        else:
+            self._work.wait(timeout)
+            done = True
+        if done:
+            self._on_done()
+            if self._error is not None:
+                raise self._error
         if self._event is not None:
             self._event.wait()  # the current stream waits for the copy into list outputs
         return True
@@ -228,8 +225,13 @@ def _new_future(cuda: Any = None) -> Any:
     return fut
 
 
-def _complete_future(fut: Any, outputs: list[Any], error: Optional[BaseException],
-                     cuda: Any = None, event: Any = None) -> None:
+def _complete_future(
+    fut: Any,
+    outputs: list[Any],
+    error: Optional[BaseException],
+    cuda: Any = None,
+    event: Any = None,
+) -> None:
     if cuda is not None and _torch() is not None:
         _cudafut.complete(_torch(), fut, cuda.device, outputs, error, event)
     elif error is not None:

@@ -200,15 +200,8 @@ class CudaCall:
         return _current_stream(self.framework, self.device)
 
     def order(self, cwork: Any, *streams: int) -> None:
-        """Makes each of `streams` (CUstream handles; repeats are ordered once) wait for C
-        Work `cwork` (Streams above): on the GPU, or with ``XCCL_CUDA_WAIT=cpu`` by waiting
-        on the CPU until the operation has finished. Raises the operation's error when it has
-        failed by then."""
-        if not _env.cuda_stream_waits():
-            cwork.wait()
-            return
-        for handle in dict.fromkeys(streams):
-            cwork.wait_stream(handle)
+        """:func:`order` `cwork` before each of `streams`."""
+        order(cwork, *streams)
 
     def stream_context(self) -> Any:
         """A context in which the temporaries and copies of a call on tensor lists run on the
@@ -230,6 +223,18 @@ class CudaCall:
 
     def __repr__(self) -> str:
         return f"CudaCall({self.framework}, cuda:{self.device}, stream={self.handle:#x})"
+
+
+def order(cwork: Any, *streams: int) -> None:
+    """Makes each of `streams` (CUstream handles; repeats are ordered once) wait for C Work
+    `cwork` (Streams above): on the GPU, or with ``XCCL_CUDA_WAIT=cpu`` by waiting on the CPU
+    until the operation has finished. Raises the operation's error when it has failed by
+    then. The torch backend orders its operations with it too."""
+    if not _env.cuda_stream_waits():
+        cwork.wait()
+        return
+    for handle in dict.fromkeys(streams):
+        cwork.wait_stream(handle)
 
 
 def _import_torch() -> Any:

@@ -60,6 +60,7 @@ import torch
 import torch.distributed as dist
 
 from . import _C, _cudafut, _env
+from . import cuda as xcuda
 from ._collectives import _split_counts
 
 __all__ = [
@@ -311,15 +312,6 @@ def _call_of(*named: tuple[str, Any]) -> _Call:
     return _Call(device, torch.cuda.current_stream(device))
 
 
-def _order(cw: _C.Work, stream: int) -> None:
-    """Makes CUstream `stream` wait for xccl operation `cw` on the GPU, or with
-    ``XCCL_CUDA_WAIT=cpu`` waits on the CPU until it has finished; raises its error."""
-    if _env.cuda_stream_waits():
-        cw.wait_stream(stream)
-    else:
-        cw.wait()
-
-
 def _src(t: torch.Tensor, what: str = "tensor") -> torch.Tensor:
     """A contiguous view (or copy) of input `t` that DLPack can export."""
     _check_tensor(t, what)
@@ -458,7 +450,7 @@ class XcclWork(dist.Work):
         """CUDA: the call's stream waits for the operations, then copies the outputs."""
         try:
             for cw in self._cworks:
-                _order(cw, int(call.handle or 0))
+                xcuda.order(cw, int(call.handle or 0))
         except _C.XcclError as exc:
             raise _translate(exc) from None
         with torch.cuda.stream(call.stream):
@@ -533,7 +525,7 @@ class XcclWork(dist.Work):
                 current.wait_event(self._event)
             else:
                 for cw in self._cworks:
-                    _order(cw, int(current.cuda_stream))
+                    xcuda.order(cw, int(current.cuda_stream))
         except _C.XcclError as exc:
             raise _translate(exc) from None
         if self.is_completed() and self._error is not None:
@@ -1336,7 +1328,6 @@ def _bind_gpu() -> None:
     (:mod:`xccl.cuda`); a process that never touched CUDA gets no CUDA context from here."""
     if not torch.cuda.is_available() or not torch.cuda.is_initialized():
         return
-    from . import cuda as xcuda
 
     device, count = torch.cuda.current_device(), torch.cuda.device_count()
     local = _env.env_local_rank()
