@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "core/check.h"
+#include "core/u64map.h"
 #include "cuda/gate.h"
 
 /* ---------------------------------------------------------------------------------------------
@@ -536,10 +537,9 @@ static void cu_queue_free(void *q)
     }
 }
 
-/* memory from cuMemAllocAsync (freed with cuMemFreeAsync), under async_mu */
+/* memory from cuMemAllocAsync (freed with cuMemFreeAsync): address -> itself, under async_mu */
 static pthread_mutex_t async_mu = PTHREAD_MUTEX_INITIALIZER;
-static void          **async_ptrs;
-static size_t          nasync, async_cap;
+static xccl_u64map_t   async_set;
 
 static void release_now(xccl_cuda_release_kind_t kind, void *p)
 {
@@ -651,22 +651,15 @@ static void *alloc_async(size_t nbytes)
         return NULL;
     }
     pthread_mutex_lock(&async_mu);
-    if (nasync == async_cap) {
-        size_t cap = async_cap ? 2 * async_cap : 16;
-        void **a   = realloc(async_ptrs, cap * sizeof *a);
-
-        if (a == NULL) {
-            pthread_mutex_unlock(&async_mu);
-            (void)XCCL_ERROR(XCCL_ERR_NO_MEMORY, "cuda: out of host memory");
-            return NULL;
-        }
-        async_ptrs = a;
-        async_cap  = cap;
-    }
     rc = xccl_cu.MemAllocAsync(&p, nbytes ? nbytes : 1, xccl_cuda_stream());
     /* usable on a queue's stream once xccl's own has run the allocation */
     if (rc == CUDA_SUCCESS) rc = xccl_cu.StreamSynchronize(xccl_cuda_stream());
-    if (rc == CUDA_SUCCESS) async_ptrs[nasync++] = (void *)(uintptr_t)p;
+    if (rc == CUDA_SUCCESS && xccl_u64map_put(&async_set, (uint64_t)p, (void *)(uintptr_t)p)) {
+        (void)xccl_cu.MemFreeAsync(p, xccl_cuda_stream());
+        pthread_mutex_unlock(&async_mu);
+        (void)XCCL_ERROR(XCCL_ERR_NO_MEMORY, "cuda: out of host memory");
+        return NULL;
+    }
     pthread_mutex_unlock(&async_mu);
     if (rc != CUDA_SUCCESS) {
         (void)xccl_cuda_fail(rc, "cuMemAllocAsync");
@@ -681,13 +674,7 @@ void xccl_cuda_free_any(void *p)
 
     if (p == NULL || xccl_cuda_enter() != XCCL_OK) return;
     pthread_mutex_lock(&async_mu);
-    for (size_t i = 0; i < nasync; i++) {
-        if (async_ptrs[i] == p) {
-            async_ptrs[i] = async_ptrs[--nasync];
-            async = 1;
-            break;
-        }
-    }
+    async = xccl_u64map_del(&async_set, (uint64_t)(uintptr_t)p) != NULL;
     pthread_mutex_unlock(&async_mu);
     if (async) {
         /* after everything queued on the queues that may use it */
