@@ -77,6 +77,7 @@ struct xccl_sbuf {
     xccl_sbuf_t *anext;  /* ctx->stage_all: every bounce buffer, freed with the context    */
     int          pinned;    /* registered (host_register) with an executor...               */
     int          pinned_by; /* ...the one of this memory type, which releases it           */
+    int          pin_later; /* declined for now (a stream waited): tried again when returned  */
 };
 
 typedef enum { REQ_SEND, REQ_RECV } req_kind_t;

@@ -951,13 +951,17 @@ static void sbuf_release(xccl_sbuf_t *b)
  * a stream waits for an operation (exec.h host_register): tried again when it comes back. */
 static void sbuf_pin(xccl_sbuf_t *b, size_t cap)
 {
+    b->pin_later = 0;
     for (int m = 0; m < XCCL_MEM_TYPES && !b->pinned; m++) {
         const xccl_exec_ops_t *ex = xccl_exec_for((xccl_mem_type_t)m);
-        if (m != XCCL_MEM_HOST && ex != NULL && ex->host_register != NULL &&
-            ex->host_register(b->p, cap) == XCCL_OK) {
+        xccl_status_t          st;
+        if (m == XCCL_MEM_HOST || ex == NULL || ex->host_register == NULL) continue;
+        st = ex->host_register(b->p, cap);
+        if (st == XCCL_OK) {
             b->pinned    = 1;
             b->pinned_by = m;
         }
+        b->pin_later |= st == XCCL_INPROGRESS;
     }
 }
 
@@ -1048,7 +1052,7 @@ static void stage_put(xccl_ctx_t *ctx, xccl_sbuf_t *b)
         sbuf_destroy(ctx, b);
         return;
     }
-    if (!b->pinned) sbuf_pin(b, b->cap); /* pinning was declined when it was made */
+    if (b->pin_later) sbuf_pin(b, b->cap); /* pinning was declined for now when it was made */
     b->next         = ctx->stage_free;
     ctx->stage_free = b;
 }
