@@ -157,6 +157,9 @@ def ops_body(rank: int, ws: int) -> dict[str, Any]:
     except ValueError as exc:
         res["other_device_refused"] = str(exc)
     res["leaks"] = [d.tensor.live for d in (x, big, out, snd, rcv)]
+    # the device was chosen after the communicator was created: cuda_ipc carried the data all
+    # the same (it starts with a driver, not with a chosen device)
+    res["transport"] = xccl.group.WORLD.comm.peer_transport(nxt)
     return res
 
 
@@ -172,6 +175,7 @@ def test_ops_on_fake_device(fake_lib):
         assert "all_reduce" in res["host_pointer_refused"], res
         assert "this process uses cuda:0" in res["other_device_refused"], res
         assert res["leaks"] == [0] * 5, res
+        assert res["transport"] == "cuda_ipc", res
 
 
 def blocking_body(rank: int, ws: int) -> bool:

@@ -18,14 +18,14 @@
 
 _Static_assert(sizeof(CUipcMemHandle) == IPC_HANDLE_BYTES, "an IPC handle is 64 bytes");
 
+/* A driver that sees a device is enough: the process may choose its device after the
+ * communicator is created (its first CUDA tensor usually does). Every entry below enters that
+ * device and fails, cleanly, while none is chosen; a receiver without one cannot map a peer's
+ * memory and has the bytes sent through host memory instead (IPC_T_RESEND). */
 xccl_status_t ipc_dev_cuda_usable(void)
 {
     if (xccl_cuda_load() != XCCL_OK)
         return xccl_error_set(XCCL_ERR_NOT_SUPPORTED, "no CUDA driver: %s", xccl_cuda_load_error());
-    if (xccl_cuda_device() < 0)
-        return xccl_error_set(XCCL_ERR_NOT_SUPPORTED,
-                              "this process has not chosen a CUDA device (xccl_cuda_set_device) "
-                              "before creating the communicator");
     return XCCL_OK;
 }
 

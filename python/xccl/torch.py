@@ -1322,9 +1322,8 @@ def _agreed_context(store: Any, rank: int, size: int, ranks: Sequence[int]) -> O
 def _bind_gpu() -> None:
     """Chooses xccl's GPU at group creation when the script has chosen torch's already
     (``torch.cuda.set_device(local_rank)`` before ``init_process_group``, as with NCCL; a
-    machine with one GPU, or the current device is ``LOCAL_RANK``'s): the
-    cuda_ipc transport, which serves point-to-point operations on GPUs of one host, needs the
-    device before the communicator exists. Otherwise the first CUDA tensor chooses it
+    machine with one GPU, or the current device is ``LOCAL_RANK``'s), so that a tensor on
+    another GPU is refused from the first call. Otherwise the first CUDA tensor chooses it
     (:mod:`xccl.cuda`); a process that never touched CUDA gets no CUDA context from here."""
     if not torch.cuda.is_available() or not torch.cuda.is_initialized():
         return
