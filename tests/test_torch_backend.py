@@ -1024,6 +1024,46 @@ def test_ddp_parity_with_gloo(tmp_path):
     assert "allclose" in out.stdout
 
 
+def test_fsdp_example_matches_gloo(tmp_path):
+    """examples/fsdp_train.py (FSDP2, 1-D mesh) trains on xccl and on gloo; the parameters
+    must be allclose (here: bit-identical, 2 ranks), and must have been trained."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "examples", "fsdp_train.py"),
+            "--nproc",
+            "2",
+            "--steps",
+            "3",
+            "--out-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=170,
+        check=False,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    a = torch.load(tmp_path / "fsdp_xcclc.pt")
+    b = torch.load(tmp_path / "fsdp_gloo.pt")
+    assert a.keys() == b.keys() and len(a) == 6
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    sys.path.insert(0, os.path.join(ROOT, "examples"))
+    try:
+        import fsdp_train
+    finally:
+        sys.path.pop(0)
+    init = fsdp_train.make_model().state_dict()
+    assert max((a[k] - init[k]).abs().max().item() for k in a) > 1e-3
+    assert "-> allclose" in out.stdout
+    assert fsdp_train.parse_mesh(None, 4) == (4,)
+    assert fsdp_train.parse_mesh("2x2", 4) == (2, 2)
+    for bad in ("2x3", "4", "ax2", "0x4"):
+        with pytest.raises(ValueError):
+            fsdp_train.parse_mesh(bad, 4)
+
+
 def _parity(tmp_path, ws, kinds):
     """One launch of `ws` ranks running `kinds` (tests/torch_parity.py) on xcclc and on gloo
     on CPU tensors; every comparison torch_parity.compare makes must hold."""
