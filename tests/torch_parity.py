@@ -66,6 +66,7 @@ DDP_KINDS = ("ddp", "ddp_no_sync", "ddp_unused", "ddp_fp16", "ddp_bf16")
 KINDS_2 = DDP_KINDS + ("fsdp2", "dtensor", "tp")
 KINDS_4 = ("hsdp",)
 BACKENDS = ("xcclc", "gloo")
+GROUP_TIMEOUT = datetime.timedelta(seconds=60)  # the default group's, and gloo's groups'
 
 EXACT = (0.0, 0.0)
 FP32 = (1e-5, 1e-6)
@@ -91,7 +92,7 @@ def init(rank: int, ws: int, store: str, dev: str, backend: str = "xcclc") -> An
     if dev == "cuda":
         torch.cuda.set_device(0)
     dist.init_process_group(backend, init_method=f"file://{store}", rank=rank,
-                            world_size=ws, timeout=datetime.timedelta(seconds=60))
+                            world_size=ws, timeout=GROUP_TIMEOUT)
     return dist
 
 
@@ -203,7 +204,9 @@ def ddp_train(kind: str, group: Any, dev: str, rank: int) -> list[np.ndarray]:
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    model = DDP(make_model(dev), process_group=group, bucket_cap_mb=0.002,
+    # 524-byte buckets: one bucket at the first step, 3 (3 all-reduces a step) once DDP has
+    # rebuilt them in the order the gradients came
+    model = DDP(make_model(dev), process_group=group, bucket_cap_mb=0.0005,
                 find_unused_parameters=kind == "ddp_unused")
     if kind == "ddp_fp16":
         model.register_comm_hook(group, default_hooks.fp16_compress_hook)
@@ -335,9 +338,11 @@ def meshes(dev: str, ws: int, two_d: bool) -> dict[str, Any]:
     from torch.distributed.device_mesh import init_device_mesh
 
     shape, names = ((2, ws // 2), ("replicate", "shard")) if two_d else ((ws,), None)
+    gloo = dist.ProcessGroupGloo._Options()
+    gloo._timeout = GROUP_TIMEOUT  # new groups' default: 30 minutes
     out = {}
     for backend in BACKENDS:
-        override = None if backend == "xcclc" else {i: backend for i in range(len(shape))}
+        override = None if backend == "xcclc" else {i: ("gloo", gloo) for i in range(len(shape))}
         mesh = init_device_mesh(dev, shape, mesh_dim_names=names, backend_override=override)
         for d in range(len(shape)):
             got = dist.get_backend(mesh.get_group(d))

@@ -238,7 +238,7 @@ def test_torch_on_cuda_matches_gloo(tmp_path):
     import torch_parity
 
     kinds = torch_parity.KINDS_2
-    ours = run_spmd(torch_body, 2, str(tmp_path / "a"), kinds, True, init=False, timeout=120)
+    ours = run_spmd(torch_body, 2, str(tmp_path / "a"), kinds, True, init=False, timeout=75)
     failures = [f for r in ours for f in r["failures"]]
     assert all(r["checks"] > 25 for r in ours), [r["checks"] for r in ours]
     failures += _check_parity(ours, kinds)
@@ -250,7 +250,7 @@ def test_hsdp_on_cuda_matches_gloo(tmp_path):
     import torch_parity
 
     kinds = torch_parity.KINDS_4
-    ours = run_spmd(torch_body, 4, str(tmp_path / "a"), kinds, False, init=False, timeout=90)
+    ours = run_spmd(torch_body, 4, str(tmp_path / "a"), kinds, False, init=False, timeout=45)
     failures = _check_parity(ours, kinds)
     assert not failures, "\n".join(failures[:20])
 
