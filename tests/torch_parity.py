@@ -10,10 +10,10 @@ redistribution); :func:`compare` turns the ranks' results into a list of failure
 
 What runs (``KINDS_2`` on 2 ranks, ``KINDS_4`` on 4):
 
-- ``ddp``: DistributedDataParallel, small buckets (several all-reduces per step)
+- ``ddp``: DistributedDataParallel, small buckets (3 all-reduces per step)
 - ``ddp_no_sync``: gradient accumulation, 2 micro-batches per step, the first in ``no_sync()``
-- ``ddp_unused``: ``find_unused_parameters=True``; a branch that some ranks skip on some steps,
-  every rank on others
+- ``ddp_unused``: ``find_unused_parameters=True``; a branch that one rank skips on some steps
+  and every rank skips on another
 - ``ddp_fp16``, ``ddp_bf16``: the fp16 and bf16 compression hooks (torch's default_hooks)
 - ``fsdp2``: ``fully_shard`` on a 1-D mesh of every rank
 - ``hsdp``: ``fully_shard`` on a 2-D mesh ``(replicate, shard) = (2, 2)`` (4 ranks)
