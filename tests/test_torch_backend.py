@@ -2,9 +2,11 @@
 
 Every SPMD body joins torch's default group with ``init_process_group(xccl.torch.BACKEND)``
 through a file store and checks results against values computed from the ranks alone.
-Also here: DDP parity with gloo (examples/ddp_train.py); FSDP2, DTensor and tensor
-parallelism against gloo in the same processes; error types; futures that complete without
-wait(); and the CI subset of PyTorch's own distributed suite (tests/torch_suite/).
+Also here: DDP and FSDP2 parity with gloo (examples/ddp_train.py, examples/fsdp_train.py);
+the bodies of tests/torch_parity.py (DDP with no_sync, find_unused_parameters and compression
+hooks, FSDP2 on 1-D and 2-D meshes, DTensor redistributions, tensor parallelism) on xcclc and
+gloo in the same processes, against a one-process reference; error types; futures that
+complete without wait(); and the CI subset of PyTorch's own distributed suite (tests/torch_suite/).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import pytest
 from harness import run_spmd
 
 torch = pytest.importorskip("torch")
+import torch_parity  # noqa: E402 - needs torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -1021,73 +1024,100 @@ def test_ddp_parity_with_gloo(tmp_path):
     assert "allclose" in out.stdout
 
 
-def _fsdp_train(mesh, seed):
-    from torch.distributed.fsdp import fully_shard
-
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
-    for layer in model:
-        if isinstance(layer, torch.nn.Linear):
-            fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    gen = torch.Generator().manual_seed(seed)
-    for _ in range(3):
-        loss = model(torch.randn(4, 8, generator=gen)).pow(2).mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-    return [p.full_tensor().detach().clone() for p in model.parameters()]
-
-
-def body_fsdp_dtensor(rank, size, path):
-    dist = _init(rank, size, path)
-    from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
-
-    ours = DeviceMesh.from_group(dist.group.WORLD, "cpu")
-    gloo = DeviceMesh.from_group(dist.new_group(backend="gloo"), "cpu")
-    # DTensor redistributions (all_gather_single, reduce_scatter_single, allreduce, ...)
-    for mesh in (ours, gloo):
-        x = torch.arange(4.0 * size).reshape(2 * size, 2)
-        d = distribute_tensor(x, mesh, [Shard(0)])
-        assert torch.equal(d.full_tensor(), x)
-        p = DTensor.from_local(torch.full((2 * size,), rank + 1.0), mesh, [Partial()])
-        assert torch.equal(
-            p.redistribute(mesh, [Replicate()]).to_local(),
-            torch.full((2 * size,), size * (size + 1) / 2),
-        )
-        s = DTensor.from_local(torch.full((2 * size,), rank + 1.0), mesh, [Partial()])
-        assert torch.equal(
-            s.redistribute(mesh, [Shard(0)]).to_local(), torch.full((2,), size * (size + 1) / 2)
-        )
-    # tensor parallelism: column-wise then row-wise linear layers
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        RowwiseParallel,
-        parallelize_module,
+def test_fsdp_example_matches_gloo(tmp_path):
+    """examples/fsdp_train.py (FSDP2, 1-D mesh) trains on xccl and on gloo; the parameters
+    must be allclose (here: bit-identical, 2 ranks), and must have been trained."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "examples", "fsdp_train.py"),
+            "--nproc",
+            "2",
+            "--steps",
+            "3",
+            "--out-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=170,
+        check=False,
     )
+    assert out.returncode == 0, out.stdout + out.stderr
+    a = torch.load(tmp_path / "fsdp_xcclc.pt")
+    b = torch.load(tmp_path / "fsdp_gloo.pt")
+    assert a.keys() == b.keys() and len(a) == 6
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    sys.path.insert(0, os.path.join(ROOT, "examples"))
+    try:
+        import fsdp_train
+    finally:
+        sys.path.pop(0)
+    init = fsdp_train.make_model().state_dict()
+    assert max((a[k] - init[k]).abs().max().item() for k in a) > 1e-3
+    assert "-> allclose" in out.stdout
+    assert fsdp_train.parse_mesh(None, 4) == (4,)
+    assert fsdp_train.parse_mesh("2x2", 4) == (2, 2)
+    for bad in ("2x3", "4", "ax2", "0x4"):
+        with pytest.raises(ValueError):
+            fsdp_train.parse_mesh(bad, 4)
 
-    outs = []
-    for mesh in (ours, gloo):
-        torch.manual_seed(0)
-        mlp = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
-        mlp = parallelize_module(mlp, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
-        y = mlp(torch.randn(3, 4, generator=torch.Generator().manual_seed(1)))
-        y.sum().backward()
-        outs.append((y.detach(), mlp[0].weight.grad.full_tensor()))
-    assert torch.allclose(outs[0][0], outs[1][0]) and torch.allclose(outs[0][1], outs[1][1])
-    # FSDP2: same training on both backends, same parameters
-    a = _fsdp_train(ours, seed=rank)
-    b = _fsdp_train(gloo, seed=rank)
-    for pa, pb in zip(a, b, strict=True):
-        assert torch.allclose(pa, pb, rtol=1e-5, atol=1e-6)
-    dist.destroy_process_group()
-    return True
+
+def _parity(tmp_path, ws, kinds):
+    """One launch of `ws` ranks running `kinds` (tests/torch_parity.py) on xcclc and on gloo
+    on CPU tensors; every comparison torch_parity.compare makes must hold."""
+    res = run_spmd(torch_parity.body, ws, _store(tmp_path), "cpu", kinds, init=False,
+                   timeout=150)
+    failures, notes = torch_parity.compare(res, kinds)
+    print("\n".join(notes))
+    assert not failures, "\n".join(failures[:30])
 
 
-def test_fsdp2_and_dtensor_match_gloo(tmp_path):
-    assert run_spmd(body_fsdp_dtensor, 2, _store(tmp_path), init=False, timeout=120) == [True, True]
+def test_parity_compare_can_fail():
+    """torch_parity.compare on made-up results: one ulp off where bit-identity is required,
+    a cast-sized difference beyond the hook's tolerance, a rank that disagrees, a missing
+    gloo result, and a reference that did not move the parameters each fail; equal results
+    and a difference within the hook's tolerance pass."""
+    import numpy as np
+
+    init = [np.zeros(3, np.float32)]
+    ref = [np.array([0.5, -0.25, 0.125], np.float32)]
+
+    def ranks(ours, gloo, reference=ref):
+        kinds = ("ddp", "ddp_fp16")
+        return [{"results": {"xcclc": {k: [a.copy() for a in o] for k in kinds},
+                             "gloo": {k: [a.copy() for a in g] for k in kinds}},
+                 "reference": {k: reference for k in kinds}, "initial": init, "errors": []}
+                for o, g in zip(ours, gloo, strict=True)]
+
+    def failures(rs, kind="ddp", need_gloo=True):
+        return torch_parity.compare(rs, (kind,), need_gloo=need_gloo)[0]
+
+    assert failures(ranks([ref, ref], [ref, ref])) == []
+    ulp = [np.nextafter(ref[0], np.float32(1))]
+    assert "not bit-identical" in failures(ranks([ref, ref], [ref, ulp]))[0]
+    assert failures(ranks([ref, ref], [ref, ulp]), "ddp_fp16") == []
+    far = [ref[0] + np.float32(5e-3)]
+    assert "rtol" in failures(ranks([ref, ref], [ref, far]), "ddp_fp16")[0]
+    assert "rank 1 against rank 0" in failures(ranks([ref, ulp], [ref, ulp]))[0]
+    rs = ranks([ref, ref], [ref, ref])
+    del rs[1]["results"]["gloo"]["ddp"]
+    assert "no gloo result" in failures(rs)[0]
+    assert failures(rs, need_gloo=False) == []
+    assert "moved" in failures(ranks([init, init], [init, init], reference=init))[0]
+
+
+def test_training_dtensor_tp_match_gloo(tmp_path):
+    """DDP (buckets, no_sync, find_unused_parameters, fp16 and bf16 compression hooks), FSDP2
+    on a 1-D mesh, DTensor redistributions and tensor parallelism, 2 ranks: xcclc against gloo
+    (bit-identical where the reduction is the same) and against a one-process reference."""
+    _parity(tmp_path, 2, torch_parity.KINDS_2)
+
+
+def test_hsdp_on_a_2d_mesh_matches_gloo(tmp_path):
+    """FSDP2 on init_device_mesh("cpu", (2, 2), ("replicate", "shard")), 4 ranks."""
+    _parity(tmp_path, 4, torch_parity.KINDS_4)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -2,9 +2,11 @@
 every operation torch sends through a backend, checked against numpy; torch's NCCL stream
 rules (a tensor written on the current stream just before the call, consumed on the current
 stream after ``wait()`` with no other synchronisation); CUDA-aware futures; refusal inside a
-CUDA graph capture; and DDP (with a compression hook) and FSDP2 training compared with the
-same script on gloo (which stages CUDA tensors through the host), which NCCL cannot be
-compared with here: it refuses two ranks on one GPU.
+CUDA graph capture; and the bodies of tests/torch_parity.py that the CPU tests run too (DDP
+with no_sync, find_unused_parameters and the fp16/bf16 compression hooks, FSDP2 on a 1-D
+and, with 4 ranks, a 2-D mesh, DTensor redistributions, tensor parallelism) on CUDA tensors,
+compared with the same bodies on gloo (which stages CUDA tensors through the host) and with
+a one-process reference. NCCL cannot be compared with here: it refuses two ranks on one GPU.
 
 A check compares without raising (a wrong value on one rank must not leave the other waiting
 in the next collective); an exception ends the rank's list and is reported with its traceback.
@@ -196,97 +198,60 @@ def _ops(dist: Any, rank: int, ws: int) -> dict[str, Any]:
     return {"checks": count, "failures": failures}
 
 
-KINDS = ("ddp", "ddp_fp16", "fsdp2")
+def torch_body(rank: int, ws: int, store: str, kinds: tuple[str, ...],
+               ops: bool) -> dict[str, Any]:
+    """One launch (a process with torch and a CUDA context costs seconds) on xcclc's default
+    group: the operation checks (`ops`), then `kinds` of tests/torch_parity.py on CUDA tensors,
+    each on xcclc and on a gloo group in the same process, and their one-process references."""
+    import torch_parity
 
-
-def _train(dist: Any, ws: int, rank: int, kind: str) -> list[Any]:
-    """A few steps of a small model on CUDA with DDP (kind "ddp" or "ddp_fp16": the fp16
-    compression hook) or FSDP2 ("fsdp2"); the final parameters as numpy arrays."""
-    import torch
-
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(),
-                                torch.nn.Linear(128, 8)).cuda()
-    if kind.startswith("ddp"):
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
-        model = DDP(model, bucket_cap_mb=0.01)
-        if kind == "ddp_fp16":
-            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-            model.register_comm_hook(None, default_hooks.fp16_compress_hook)
-    else:
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
-
-        mesh = init_device_mesh("cuda", (ws,))
-        for layer in model:
-            if isinstance(layer, torch.nn.Linear):
-                fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    gen = torch.Generator().manual_seed(10 + rank)
-    for _ in range(4):
-        x = torch.randn(16, 64, generator=gen).cuda()
-        loss = model(x).square().mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    params = []
-    for p in model.parameters():
-        full = p.full_tensor() if hasattr(p, "full_tensor") else p
-        params.append(full.detach().cpu().numpy())
-    torch.cuda.synchronize()
-    return params
-
-
-def torch_body(rank: int, ws: int, store: str, backend: str, ops: bool) -> dict[str, Any]:
-    """One launch (a process with torch and a CUDA context costs seconds): the operation
-    checks (`ops`), then each kind of training; an exception ends the list."""
-    dist = _init(backend, rank, ws, store)
-    res: dict[str, Any] = {"checks": 0, "failures": [], "params": {}, "errors": {}}
+    dist = _init("xcclc", rank, ws, store)
+    res: dict[str, Any] = {"checks": 0, "failures": []}
     if ops:
         res.update(_ops(dist, rank, ws))
-    for kind in KINDS:  # each kind on its own: one failing does not hide the others
-        try:
-            res["params"][kind] = _train(dist, ws, rank, kind)
-        except Exception:
-            res["errors"][kind] = f"rank {rank} {kind} raised:\n{traceback.format_exc()}"
-            break  # the group's state is unknown from here
+    res["parity"] = torch_parity.run_kinds(rank, ws, "cuda", kinds)
     dist.destroy_process_group()
     return res
 
 
-def test_torch_on_cuda_matches_gloo(tmp_path):
+def _check_parity(ranks: list[dict[str, Any]], kinds: tuple[str, ...]) -> list[str]:
+    """torch_parity.compare on the ranks' results. A kind gloo cannot run on CUDA tensors is
+    a warning (nothing to compare with there, said so), and is still checked against the
+    one-process reference; its notes (the largest differences) are printed."""
     import warnings
 
-    ours = run_spmd(torch_body, 2, str(tmp_path / "a"), "xcclc", True, init=False, timeout=100)
-    ref = run_spmd(torch_body, 2, str(tmp_path / "b"), "gloo", False, init=False, timeout=100)
+    import torch_parity
+
+    failures, notes = torch_parity.compare([r["parity"] for r in ranks], kinds, need_gloo=False)
+    print("\n".join(notes))
+    for note in notes:
+        if "no gloo result" in note:
+            warnings.warn(f"{note} (gloo on CUDA tensors)", stacklevel=1)
+    return failures
+
+
+def test_torch_on_cuda_matches_gloo(tmp_path):
+    """The operation checks, then DDP (buckets, no_sync, find_unused_parameters, fp16 and bf16
+    compression hooks), FSDP2 on a 1-D mesh, DTensor redistributions and tensor parallelism on
+    CUDA: xcclc against gloo (bit-identical where tests/torch_parity.py says so) and against
+    a one-process reference, 2 ranks on GPU 0."""
+    import torch_parity
+
+    kinds = torch_parity.KINDS_2
+    ours = run_spmd(torch_body, 2, str(tmp_path / "a"), kinds, True, init=False, timeout=75)
     failures = [f for r in ours for f in r["failures"]]
-    failures += [e for r in ours for e in r["errors"].values()]
     assert all(r["checks"] > 25 for r in ours), [r["checks"] for r in ours]
-    for kind in KINDS:
-        if kind not in ours[0]["params"] or kind not in ours[1]["params"]:
-            continue  # reported above
-        for i, (a, b) in enumerate(zip(ours[0]["params"][kind], ours[1]["params"][kind],
-                                       strict=True)):
-            if not np.array_equal(a, b):
-                failures.append(f"{kind}: the ranks' parameters differ (tensor {i})")
-        if any(kind not in r["params"] for r in ref):
-            # gloo could not run it on CUDA tensors: nothing to compare with, said so
-            why = next(iter(r["errors"].get(kind, "") for r in ref if kind in r["errors"]), "")
-            warnings.warn(f"{kind}: no gloo reference on CUDA ({why.splitlines()[-1:]})",
-                          stacklevel=1)
-            continue
-        # 2 ranks: every sum is a + b on both backends, so the results agree up to the order
-        # of AVG's division and the compression hook's casts
-        rtol = 1e-3 if kind == "ddp_fp16" else 1e-6
-        for rank in range(2):
-            mine, theirs = ours[rank]["params"][kind], ref[rank]["params"][kind]
-            for i, (a, b) in enumerate(zip(mine, theirs, strict=True)):
-                if not np.allclose(a, b, rtol=rtol, atol=rtol):
-                    failures.append(f"{kind} rank {rank} tensor {i}: max |xcclc - gloo| "
-                                    f"{float(np.abs(a - b).max()):.3g}")
+    failures += _check_parity(ours, kinds)
+    assert not failures, "\n".join(failures[:20])
+
+
+def test_hsdp_on_cuda_matches_gloo(tmp_path):
+    """FSDP2 on init_device_mesh("cuda", (2, 2), ("replicate", "shard")): 4 ranks on GPU 0."""
+    import torch_parity
+
+    kinds = torch_parity.KINDS_4
+    ours = run_spmd(torch_body, 4, str(tmp_path / "a"), kinds, False, init=False, timeout=45)
+    failures = _check_parity(ours, kinds)
     assert not failures, "\n".join(failures[:20])
 
 
