@@ -171,6 +171,35 @@ def _ops(dist: Any, rank: int, ws: int) -> dict[str, Any]:
             failures.append(f"rank {rank}: wait(timeout) did not return True")
         equal("wait(timeout)", y, total)
         dist.barrier(device_ids=[0])
+        # the coalesced forms: a coalescing manager (one allreduce_coalesced, and the
+        # into_tensor/_tensor coalesced collectives FSDP2 issues), and batch_isend_irecv
+        a = torch.from_numpy(mine).cuda()
+        b = torch.from_numpy(mine[:7] * 2).cuda()
+        with dist._coalescing_manager():
+            dist.all_reduce(a)
+            dist.all_reduce(b)
+        equal("coalesced all_reduce, first", a, total)
+        equal("coalesced all_reduce, second", b, total[:7] * 2)
+        ag = [torch.empty(ws * N, device="cuda"), torch.empty(ws * 5, device="cuda")]
+        rsc = [torch.empty(N, device="cuda"), torch.empty(5, device="cuda")]
+        with dist._coalescing_manager():
+            dist.all_gather_into_tensor(ag[0], torch.from_numpy(mine).cuda())
+            dist.all_gather_into_tensor(ag[1], torch.from_numpy(mine[:5]).cuda())
+        equal("coalesced all_gather_into_tensor", ag[0], np.concatenate(every))
+        equal("coalesced all_gather_into_tensor, second", ag[1],
+              np.concatenate([e[:5] for e in every]))
+        with dist._coalescing_manager():
+            dist.reduce_scatter_tensor(rsc[0], torch.from_numpy(np.tile(mine, ws)).cuda())
+            dist.reduce_scatter_tensor(rsc[1], torch.from_numpy(np.tile(mine[:5], ws)).cuda())
+        equal("coalesced reduce_scatter_tensor", rsc[0], total)
+        equal("coalesced reduce_scatter_tensor, second", rsc[1], total[:5])
+        nxt, prv = (rank + 1) % ws, (rank - 1) % ws
+        ring = torch.zeros(N, device="cuda")
+        ops = [dist.P2POp(dist.irecv, ring, prv),
+               dist.P2POp(dist.isend, torch.from_numpy(mine).cuda(), nxt)]
+        for w in dist.batch_isend_irecv(ops):
+            w.wait()
+        equal("batch_isend_irecv ring", ring, every[prv])
         # the future: CUDA-aware, completes with the outputs
         f = torch.from_numpy(mine).cuda()
         fut = dist.all_reduce(f, async_op=True).get_future()
