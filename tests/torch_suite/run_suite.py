@@ -28,9 +28,9 @@ seconds is killed and fails.
 
 Exit status: 0 when no selected test passes on gloo and fails on xccl (tests that torch's
 file skips for a non-gloo backend do not count), 1 otherwise, 2 on a usage or setup error.
-``--json PATH`` writes every outcome, the tests set aside with their reasons and those not
-run. When a test failed, the test processes' output is
-kept in a directory the summary names.
+A CUDA selection that the prefilter sets aside entirely is no error (0). ``--json PATH``
+writes every outcome, the tests set aside with their reasons and those not run. When a test
+failed, the test processes' output is kept in a directory the summary names.
 
 CUDA (``--device cuda``): the CUDA selection of the same class, run on CUDA tensors on the
 GPUs the machine shows (see cuda_select.py): the tests whose names mention cuda or gpu or
@@ -531,7 +531,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     excluded: dict[str, str] = {}
     try:
         if args.device == "cuda":
-            source = open(cuda_select.test_file()).read()
+            with open(cuda_select.test_file()) as f:
+                source = f.read()
             found = cuda_select.cuda_tests(cuda_select.scan(source))
             chosen = select(found, False, args.k, args.tests, "cuda")
             names, excluded = cuda_select.prefilter(source, chosen, args.gpus, args.world_size)
@@ -575,6 +576,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         seconds[backend] = time.monotonic() - t0
     regressions = report(names, results, seconds) if names else []
     report_excluded(excluded)
+    if not names:
+        print(
+            f"\nnothing left to run: every selected test needs more GPUs than {args.gpus} "
+            f"at world size {args.world_size}"
+        )
     not_run = {
         b: [n for n in names if res[n]["outcome"] == "not run"] for b, res in results.items()
     }
