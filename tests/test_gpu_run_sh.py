@@ -67,7 +67,34 @@ def test_dry_run_plan(tmp_path: Path) -> None:
     # the benchmark's deadline ends within the budget; its timeout is only a backstop
     assert 45 <= deadline <= 345 - 30 and int(compare.group(1)) == deadline + 25
     assert int(build.group(1)) <= 150
-    assert (tmp_path / "out" / "summary.txt").exists()
+    summary = (tmp_path / "out" / "summary.txt").read_text()
+    # the phases in their order; torch's suite on CUDA comes after every other phase
+    order = [ln.split()[0] for ln in summary.splitlines()[2:] if ln.strip()]
+    first = ["build", "cuda_info", "gpu_tests"]
+    assert order[:3] == first and order[-2:] == ["compare", "torch_suite"], order
+    suite = re.search(r"torch_suite \(timeout (\d+)s\): (.*)", plan)
+    assert suite is not None, plan
+    cmd = suite.group(2).split()
+    assert cmd[1:4] == ["tests/torch_suite/run_suite.py", "--device", "cuda"]
+    assert cmd[cmd.index("--gates") + 1] == "gloo" and cmd[cmd.index("--gpus") + 1] == "1"
+    assert cmd[cmd.index("--json") + 1] == str(tmp_path / "out" / "torch_suite.json")
+    # no test starts in the phase's last 40 s: room for the last one (--timeout) and the report
+    budget, timeout = int(cmd[cmd.index("--budget") + 1]), int(suite.group(1))
+    assert int(cmd[cmd.index("--timeout") + 1]) + 10 <= timeout - budget == 40
+    assert timeout <= 345
+
+
+def test_torch_suite_phase_needs_time_left(tmp_path: Path) -> None:
+    """With under 60 s of the budget left after compare, the CUDA suite phase is skipped with
+    the reason, and the earlier phases keep their plan."""
+    got = _run(["--dry-run"], tmp_path / "out", XCCL_GPU_BUDGET_S="50")
+    assert got.returncode == 0, got.stdout + got.stderr
+    assert "torch_suite: skipped: 50s of the budget left, it needs 60s" in got.stdout
+    assert "run_suite.py" not in got.stdout
+    assert re.search(r"compare \(timeout 50s\): .* --deadline 45\n", got.stdout), got.stdout
+    got = _run(["--dry-run"], tmp_path / "out2", XCCL_GPU_BUDGET_S="100")
+    suite = re.search(r"torch_suite \(timeout (\d+)s\): .* --budget (\d+) ", got.stdout)
+    assert suite is not None and (suite.group(1), suite.group(2)) == ("100", "60"), got.stdout
 
 
 def test_without_a_gpu_nothing_runs_and_it_exits_3(tmp_path: Path) -> None:

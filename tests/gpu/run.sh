@@ -19,9 +19,14 @@
 #                 tests/gpu/kernel_check.c is in the tree)
 #   ddp           benchmarks/ddp_gpu.py: DDP and FSDP2 steps/s, xcclc against gloo (2 ranks)
 #   compare       benchmarks/compare_gpu.py --np 2,4 with a deadline (the rest of the budget)
+#   torch_suite   only when at least 60 s of the budget are left after compare (--quick, or a
+#                 larger XCCL_GPU_BUDGET_S): torch's own distributed tests on CUDA tensors,
+#                 xcclc against gloo (tests/torch_suite/run_suite.py --device cuda --gates gloo,
+#                 world size = GPUs, so 1 on one GPU; the tests torch would skip for want of
+#                 GPUs are set aside with their reasons; no test starts in its last 40 s)
 # It needs no network (no pip). Everything is written under $OUT (default ./gpu-out): one log
 # per phase, machine.txt, gpu_tests.xml, compare/gpu.md and gpu.json (the benchmark report
-# with the targets) and summary.txt, which is also printed at the end.
+# with the targets), torch_suite.json and summary.txt, which is also printed at the end.
 #
 # Exit status: 0 every phase passed; 1 a phase failed or timed out; 2 bad usage; 3 no GPU
 # here (nothing was run). Environment: OUT, PYTHON (default python3), XCCL_GPU_BUDGET_S,
@@ -29,7 +34,7 @@
 
 set -u -o pipefail
 
-usage() { sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; }
 
 QUICK=0
 DRY=0
@@ -204,6 +209,27 @@ COMPARE=("$PY" benchmarks/compare_gpu.py --np 2,4 --out "$OUT/compare" --deadlin
 if [ "$QUICK" = 1 ]; then COMPARE+=(--quick); fi
 phase compare $((DEADLINE + 25)) 0 "${COMPARE[@]}"
 
+# ---- torch's own suite on CUDA tensors, with the time left ------------------------------------
+# After every other phase and only with SUITE_MIN_S of the budget left. The suite's --budget
+# (40 s less than the phase's timeout) stops it starting tests in time for the last one
+# (--timeout 30) and its report; the tests it did not reach are reported "not run".
+SUITE_MIN_S=60
+SUITE_LEFT=$(left)
+NGPU=1
+if [ "$DRY" = 0 ] && command -v nvidia-smi > /dev/null 2>&1; then
+    NGPU=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU ')
+    if [ "$NGPU" -lt 1 ]; then NGPU=1; fi
+fi
+if [ ! -f tests/torch_suite/run_suite.py ]; then
+    skip torch_suite "no tests/torch_suite/run_suite.py in this tree"
+elif [ "$SUITE_LEFT" -lt "$SUITE_MIN_S" ]; then
+    skip torch_suite "${SUITE_LEFT}s of the budget left, it needs ${SUITE_MIN_S}s"
+else
+    phase torch_suite "$SUITE_LEFT" 0 "$PY" tests/torch_suite/run_suite.py --device cuda \
+        --gpus "$NGPU" --gates gloo --timeout 30 --budget $((SUITE_LEFT - 40)) \
+        --json "$OUT/torch_suite.json"
+fi
+
 # ---- summary --------------------------------------------------------------------------------
 {
     echo "tests/gpu/run.sh: $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $(($(date +%s) - START)) s," \
@@ -236,6 +262,12 @@ phase compare $((DEADLINE + 25)) 0 "${COMPARE[@]}"
     if [ -f "$OUT/compare.log" ]; then
         echo
         grep -E '^# (target|report|xccl|gloo)' "$OUT/compare.log"
+    fi
+    if [ -f "$OUT/torch_suite.log" ]; then
+        echo
+        echo "torch_suite (torch's distributed tests on CUDA tensors, $OUT/torch_suite.json):"
+        grep -E '^(backend |xcclc |gloo |passed on |set aside before|not run \()' \
+            "$OUT/torch_suite.log"
     fi
     if [ "$DRY" = 0 ] && command -v nvidia-smi > /dev/null 2>&1; then
         echo

@@ -28,8 +28,35 @@ seconds is killed and fails.
 
 Exit status: 0 when no selected test passes on gloo and fails on xccl (tests that torch's
 file skips for a non-gloo backend do not count), 1 otherwise, 2 on a usage or setup error.
-``--json PATH`` writes every outcome. When a test failed, the test processes' output is
-kept in a directory the summary names.
+A CUDA selection that the prefilter sets aside entirely is no error (0). ``--json PATH``
+writes every outcome, the tests set aside with their reasons and those not run. When a test
+failed, the test processes' output is kept in a directory the summary names.
+
+CUDA (``--device cuda``): the CUDA selection of the same class, run on CUDA tensors on the
+GPUs the machine shows (see cuda_select.py): the tests whose names mention cuda or gpu or
+that carry one of torch's GPU-count decorators (``skip_if_no_gpu``, ``skip_if_lt_x_gpu``,
+``require_world_size``), less those named for nccl, xpu or hpu. Before anything starts, a
+static prefilter (``ast`` over the installed torch's test file, no process) sets aside, with
+the reason, the tests torch would skip for want of GPUs on ``--gpus`` GPUs (default 1) at the
+world size, so that the time goes to tests that can run; the others run on both backends and
+torch's own skips at run time count as skips. The world size defaults to the number of GPUs:
+torch's ``TestDistBackend._run`` skips every test when CUDA is visible and there are fewer
+GPUs than ranks (and ``init_multigpu_helper`` gives a rank no GPU then), so on one GPU only
+world size 1 runs anything::
+
+    python tests/torch_suite/run_suite.py --device cuda --gates gloo --budget 120
+    python tests/torch_suite/run_suite.py --device cuda --world-size 2 --list  # all set aside
+
+``--gates gloo`` matters more here: torch reserves several CUDA tests for gloo and nccl by
+name. The test processes see the GPU (CPU mode hides it with ``CUDA_VISIBLE_DEVICES=""``);
+torch's availability check is made NVML-based (``PYTORCH_NVML_BASED_CUDA_CHECK=1``) so that
+importing torch's test file in the fork server does not initialise the CUDA driver, and a
+worker that finds the driver initialised after those imports uses spawn instead of the fork
+server (the JSON says which was used).
+
+``--budget SECONDS`` (either mode): no test starts once the budget is spent. The first backend
+gets an even share of it, the next ones run only the tests the first one reached (so the
+comparison stays like for like); the tests never started are reported "not run".
 
 The same file is the worker (``--worker``, internal); in a worker and in the test
 processes (which import it as their main module) it registers xccl's backend.
@@ -38,6 +65,7 @@ processes (which import it as their main module) it registers xccl's backend.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import re
@@ -49,6 +77,8 @@ import time
 import traceback
 import unittest
 from typing import Any, Optional
+
+import cuda_select
 
 WORKER_ENV = "XCCL_TORCH_SUITE_WORKER"  # set in a worker and inherited by its test processes
 GPU_NAMES = re.compile(r"cuda|gpu|nccl|xpu|hpu", re.IGNORECASE)
@@ -118,16 +148,33 @@ def _reason(text: str) -> str:
 
 
 class _Result(unittest.TextTestResult):
-    """Records each test's outcome, reason and duration; prints a progress line."""
+    """Records each test's outcome, reason and duration; prints a progress line. Once
+    `deadline` (time.time(), 0: none) has passed, asks the suite to start no more tests."""
 
     def __init__(
-        self, stream: Any, descriptions: bool, verbosity: int, total: int, label: str
+        self,
+        stream: Any,
+        descriptions: bool,
+        verbosity: int,
+        total: int,
+        label: str,
+        deadline: float = 0.0,
     ) -> None:
         super().__init__(stream, descriptions, verbosity)
         self.outcomes: dict[str, dict[str, Any]] = {}
         self.total = total
         self.label = label
+        self.deadline = deadline
         self._t0 = 0.0
+        self._check_deadline()
+
+    def _check_deadline(self) -> None:
+        if self.deadline and time.time() >= self.deadline:
+            self.shouldStop = True
+
+    def stopTest(self, test: unittest.TestCase) -> None:  # noqa: N802 - unittest's name
+        super().stopTest(test)
+        self._check_deadline()
 
     def startTest(self, test: unittest.TestCase) -> None:  # noqa: N802 - unittest's name
         self._t0 = time.monotonic()
@@ -162,10 +209,41 @@ class _Result(unittest.TextTestResult):
         self._record(test, "failed", "unexpected success")
 
 
-def worker_main(names: list[str], out: str, label: str) -> int:
-    """Runs `names` in this process (a worker) and writes their outcomes as JSON to `out`."""
+CUDA_ERROR_NOT_INITIALIZED = 3
+
+
+def cuda_driver_initialised() -> bool:
+    """Whether this process has initialised the CUDA driver (cuInit), asked without
+    initialising it: before cuInit, cuDeviceGetCount fails with CUDA_ERROR_NOT_INITIALIZED.
+    False where there is no driver."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    count = ctypes.c_int(0)
+    return int(lib.cuDeviceGetCount(ctypes.byref(count))) != CUDA_ERROR_NOT_INITIALIZED
+
+
+def worker_main(names: list[str], out: str, label: str, deadline: float = 0.0) -> int:
+    """Runs `names` in this process (a worker), starting none after `deadline` (time.time(),
+    0: none), and writes as JSON to `out` their outcomes and the start method used."""
     from suite_case import TorchSuite, all_tests
 
+    method = os.environ.get("XCCL_TORCH_SUITE_START", "forkserver")
+    if (
+        os.environ.get("XCCL_TORCH_SUITE_DEVICE") == "cuda"
+        and method == "forkserver"
+        and cuda_driver_initialised()
+    ):
+        # The fork server imports what this worker imported: its children would inherit an
+        # initialised driver, which CUDA does not support after fork.
+        print(
+            f"[{label}] importing torch's test file initialised the CUDA driver: "
+            "using spawn instead of the fork server",
+            flush=True,
+        )
+        method = "spawn"
+        os.environ["XCCL_TORCH_SUITE_START"] = method
     known = set(all_tests())
     missing = [n for n in names if n not in known]
     suite = unittest.TestSuite(TorchSuite(n) for n in names if n in known)
@@ -173,18 +251,21 @@ def worker_main(names: list[str], out: str, label: str) -> int:
         runner = unittest.TextTestRunner(
             stream=devnull,
             verbosity=0,
-            resultclass=lambda s, d, v: _Result(s, d, v, suite.countTestCases(), label),
+            resultclass=lambda s, d, v: _Result(s, d, v, suite.countTestCases(), label, deadline),
         )
         result = runner.run(suite)
     outcomes = result.outcomes  # type: ignore[attr-defined]
-    for n in missing:
-        outcomes[n] = {
-            "outcome": "missing",
-            "reason": "not in this torch's test file",
-            "seconds": 0.0,
-        }
+    for n in names:
+        if n in missing:
+            outcomes[n] = {
+                "outcome": "missing",
+                "reason": "not in this torch's test file",
+                "seconds": 0.0,
+            }
+        elif n not in outcomes:
+            outcomes[n] = {"outcome": "not run", "reason": "budget spent", "seconds": 0.0}
     with open(out, "w") as f:
-        json.dump(outcomes, f, indent=1, sort_keys=True)
+        json.dump({"start_method": method, "outcomes": outcomes}, f, indent=1, sort_keys=True)
     return 0
 
 
@@ -193,18 +274,25 @@ def worker_main(names: list[str], out: str, label: str) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
-def select(names: list[str], subset: bool, patterns: list[str], tests: list[str]) -> list[str]:
-    """The tests to run: `tests` if given, else the subset or every CPU test, filtered by
-    the -k substrings (any matches)."""
+def select(
+    names: list[str], subset: bool, patterns: list[str], tests: list[str], device: str = "cpu"
+) -> list[str]:
+    """The tests to run: `tests` if given, else the subset or every CPU test (`names` is the
+    class's tests) or, for device "cuda", `names` itself (the CUDA selection), filtered by the
+    -k substrings (any matches)."""
     if tests:
         return tests
-    chosen = SUBSET if subset else [n for n in names if not GPU_NAMES.search(n)]
+    if device == "cuda":
+        chosen = list(names)
+    else:
+        chosen = SUBSET if subset else [n for n in names if not GPU_NAMES.search(n)]
     if patterns:
         chosen = [n for n in chosen if any(p in n for p in patterns)]
     return chosen
 
 
 def _worker_env(backend: str, args: argparse.Namespace, temp: str) -> dict[str, str]:
+    """The environment of a worker (and of its test processes) for `backend`."""
     env = dict(os.environ)
     env.update(
         {
@@ -212,14 +300,20 @@ def _worker_env(backend: str, args: argparse.Namespace, temp: str) -> dict[str, 
             "BACKEND": backend,
             "WORLD_SIZE": str(args.world_size),
             "TEMP_DIR": temp,
-            "CUDA_VISIBLE_DEVICES": "",
             "DISTRIBUTED_TESTS_DEFAULT_TIMEOUT": str(args.timeout),
             "XCCL_TORCH_SUITE_START": args.start_method,
             "XCCL_TORCH_SUITE_GATES": "own" if backend == "gloo" else args.gates,
+            "XCCL_TORCH_SUITE_DEVICE": args.device,
             "PYTHONUNBUFFERED": "1",
             "PYTORCH_PRINT_REPRO_ON_FAILURE": "0",
         }
     )
+    if args.device == "cuda":
+        # torch.cuda.is_available() (read when torch's test file is imported, by the fork
+        # server too) through NVML, which leaves the CUDA driver uninitialised for the forks.
+        env["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
+    else:
+        env["CUDA_VISIBLE_DEVICES"] = ""  # CPU tests: torch skips every test with too few GPUs
     env.pop("INIT_METHOD", None)
     return env
 
@@ -240,18 +334,27 @@ def _list_tests(args: argparse.Namespace) -> list[str]:
 
 
 def run_backend(
-    backend: str, names: list[str], args: argparse.Namespace, log_dir: str
-) -> dict[str, dict[str, Any]]:
-    """Runs `names` against `backend` in a worker process; returns name -> outcome."""
+    backend: str,
+    names: list[str],
+    args: argparse.Namespace,
+    log_dir: str,
+    deadline: float = 0.0,
+) -> tuple[dict[str, dict[str, Any]], str]:
+    """Runs `names` against `backend` in a worker process, starting none after `deadline`
+    (time.time(), 0: none); returns name -> outcome and the start method the worker used."""
     with tempfile.TemporaryDirectory(prefix=f"xccl-suite-{backend}-") as temp:
         os.mkdir(os.path.join(temp, "barrier"))
         out = os.path.join(temp, "result.json")
         log = os.path.join(log_dir, f"{backend}.log")
-        cmd = [sys.executable, __file__, "--worker", "--out", out, "--tests", *names]
+        cmd = [sys.executable, __file__, "--worker", "--out", out]
+        if deadline:
+            cmd += ["--deadline", repr(deadline)]
+        cmd += ["--tests", *names]
         gates = "" if backend == "gloo" or args.gates == "own" else ", gloo's gates"
+        left = f", {deadline - time.time():.0f} s of the budget" if deadline else ""
         print(
-            f"== {backend}: {len(names)} tests, world size {args.world_size}, "
-            f"{args.start_method}{gates}",
+            f"== {backend}: {len(names)} tests on {args.device}, world size "
+            f"{args.world_size}, {args.start_method}{gates}{left}",
             flush=True,
         )
         with open(log, "w") as logf:
@@ -267,14 +370,26 @@ def run_backend(
                 f"the {backend} worker exited with {proc.returncode} without results; see {log}"
             )
         with open(out) as f:
-            return json.load(f)
+            got = json.load(f)
+        return got["outcomes"], got["start_method"]
 
 
 def _counts(results: dict[str, dict[str, Any]]) -> dict[str, int]:
-    counts = {"passed": 0, "failed": 0, "skipped": 0}
+    counts = {"passed": 0, "failed": 0, "skipped": 0, "not run": 0}
     for r in results.values():
         counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
     return counts
+
+
+def report_excluded(excluded: dict[str, str]) -> None:
+    """Prints the tests the static prefilter set aside, by reason."""
+    if not excluded:
+        return
+    print(f"\nset aside before running (torch would skip them for want of GPUs): {len(excluded)}")
+    for reason, count in cuda_select.reason_counts(excluded).items():
+        print(f"  {count:>3}  {reason}")
+        for n in sorted(n for n, r in excluded.items() if r == reason):
+            print(f"         {n}")
 
 
 def report(
@@ -283,12 +398,15 @@ def report(
     """Prints the counts table and the gloo-vs-xccl differences; returns the names of tests
     that pass on gloo and fail on xccl."""
     print()
-    print(f"{'backend':<10} {'tests':>6} {'passed':>7} {'failed':>7} {'skipped':>8} {'time':>8}")
+    print(
+        f"{'backend':<10} {'tests':>6} {'passed':>7} {'failed':>7} {'skipped':>8} "
+        f"{'not run':>8} {'time':>8}"
+    )
     for backend, res in results.items():
         c = _counts(res)
         print(
             f"{backend:<10} {len(res):>6} {c['passed']:>7} {c['failed']:>7} "
-            f"{c['skipped']:>8} {seconds[backend]:>7.0f}s"
+            f"{c['skipped']:>8} {c['not run']:>8} {seconds[backend]:>7.0f}s"
         )
     for backend, res in results.items():
         failed = [n for n in names if res.get(n, {}).get("outcome") == "failed"]
@@ -344,10 +462,30 @@ def main(argv: Optional[list[str]] = None) -> int:
         help=f"comma-separated (default: {XCCL_BACKEND},gloo)",
     )
     p.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="cpu: the CPU tests (default); cuda: the CUDA selection on this machine's GPUs",
+    )
+    p.add_argument(
+        "--gpus",
+        type=int,
+        default=1,
+        help="GPUs the CUDA prefilter counts on (default 1)",
+    )
+    p.add_argument(
         "--world-size",
         type=int,
-        default=3,
-        help="processes per test (default 3, as torch's CI runs gloo on CPU)",
+        default=None,
+        help="processes per test (default: 3 on cpu, as torch's CI runs gloo on CPU; "
+        "the number of GPUs on cuda)",
+    )
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="start no test after this many seconds (default 0: no limit)",
     )
     p.add_argument(
         "--timeout",
@@ -369,6 +507,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--list-worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
+    p.add_argument("--deadline", type=float, default=0.0, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
 
     if args.list_worker:
@@ -377,32 +516,80 @@ def main(argv: Optional[list[str]] = None) -> int:
         print("\n".join(all_tests()))
         return 0
     if args.worker:
-        return worker_main(args.tests, args.out, os.environ["BACKEND"])
+        return worker_main(args.tests, args.out, os.environ["BACKEND"], args.deadline)
 
+    start = time.time()
+    if args.world_size is None:
+        args.world_size = args.gpus if args.device == "cuda" else 3
+    if args.device == "cuda" and args.subset:
+        print("--subset is the CPU subset; with --device cuda use -k or --tests", file=sys.stderr)
+        return 2
+    if args.world_size < 1 or args.gpus < 0 or args.budget < 0:
+        print("--world-size must be >= 1, --gpus and --budget >= 0", file=sys.stderr)
+        return 2
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    excluded: dict[str, str] = {}
     try:
-        names = select(_list_tests(args), args.subset, args.k, args.tests)
+        if args.device == "cuda":
+            with open(cuda_select.test_file()) as f:
+                source = f.read()
+            found = cuda_select.cuda_tests(cuda_select.scan(source))
+            chosen = select(found, False, args.k, args.tests, "cuda")
+            names, excluded = cuda_select.prefilter(source, chosen, args.gpus, args.world_size)
+        else:
+            chosen = names = select(_list_tests(args), args.subset, args.k, args.tests)
     except RuntimeError as exc:
         print(exc, file=sys.stderr)
         return 2
     if args.list:
         print("\n".join(names))
+        for n, why in excluded.items():
+            print(f"set aside: {n}: {why}", file=sys.stderr)
         return 0
-    if not names:
+    if not chosen:
         print("no test selected", file=sys.stderr)
         return 2
     log_dir = tempfile.mkdtemp(prefix="xccl-suite-logs-")
     results: dict[str, dict[str, dict[str, Any]]] = {}
     seconds: dict[str, float] = {}
-    for backend in backends:
+    methods: dict[str, str] = {}
+    deadline = start + args.budget if args.budget else 0.0
+    reached = list(names)  # the first backend's tests that started: the later ones run those
+    for i, backend in enumerate(backends):
         t0 = time.monotonic()
-        try:
-            results[backend] = run_backend(backend, names, args, log_dir)
-        except RuntimeError as exc:
-            print(exc, file=sys.stderr)
-            return 2
+        share = 0.0
+        if deadline:
+            share = time.time() + max(0.0, deadline - time.time()) / (len(backends) - i)
+        run = reached if i else names
+        got: dict[str, dict[str, Any]] = {}
+        if run:
+            try:
+                got, methods[backend] = run_backend(backend, run, args, log_dir, share)
+            except RuntimeError as exc:
+                print(exc, file=sys.stderr)
+                return 2
+        for n in names:
+            got.setdefault(n, {"outcome": "not run", "reason": "budget spent", "seconds": 0.0})
+        results[backend] = got
+        if i == 0:
+            reached = [n for n in names if got[n]["outcome"] != "not run"]
         seconds[backend] = time.monotonic() - t0
-    regressions = report(names, results, seconds)
+    regressions = report(names, results, seconds) if names else []
+    report_excluded(excluded)
+    if not names:
+        print(
+            f"\nnothing left to run: every selected test needs more GPUs than {args.gpus} "
+            f"at world size {args.world_size}"
+        )
+    not_run = {
+        b: [n for n in names if res[n]["outcome"] == "not run"] for b, res in results.items()
+    }
+    if any(not_run.values()):
+        print(
+            "\nnot run (the budget of "
+            f"{args.budget:.0f} s was spent): "
+            + ", ".join(f"{b} {len(v)}" for b, v in not_run.items())
+        )
     if any(r["outcome"] == "failed" for res in results.values() for r in res.values()):
         print(f"\nthe test processes' output is in {log_dir}")
     else:
@@ -411,10 +598,18 @@ def main(argv: Optional[list[str]] = None) -> int:
         with open(args.json, "w") as f:
             json.dump(
                 {
+                    "device": args.device,
+                    "gpus": args.gpus if args.device == "cuda" else None,
                     "world_size": args.world_size,
                     "start_method": args.start_method,
+                    "start_methods": methods,
                     "gates": args.gates,
+                    "budget": args.budget,
                     "tests": names,
+                    "excluded": excluded,
+                    "excluded_reasons": cuda_select.reason_counts(excluded),
+                    "not_run": not_run,
+                    "regressions": regressions,
                     "seconds": seconds,
                     "results": results,
                 },

@@ -5,7 +5,8 @@ imports it once, with torch, so that test processes start quickly). It does not 
 ``run_suite.py`` registers xccl's backend in each process itself.
 
 Every backend gets the feature flags torch's test file gives gloo ("ddp", "subgroup", "gpu",
-"cuda"; tests that need a GPU still skip themselves at run time) plus "plugin". The flags
+"cuda"; tests that need a GPU still skip themselves at run time, and ``run_suite.py --device
+cuda`` runs them on a GPU) plus "plugin". The flags
 must be set before the test file is imported, because its decorators read them. With
 ``$XCCL_TORCH_SUITE_GATES=gloo`` the decorators also see the name "gloo", so that the tests
 torch's file reserves for gloo by name run too (on ``$BACKEND``).
@@ -19,7 +20,8 @@ from typing import Any
 import torch.multiprocessing as tmp
 from torch.testing._internal.common_distributed import DistTestCases
 
-# gloo's flags on a CPU build (gloo is in every one of these sets), plus "plugin".
+# gloo's flags (gloo is in every one of these sets, on CPU and CUDA builds alike: torch's
+# common_distributed.py), plus "plugin".
 FEATURES = ("ddp", "subgroup", "gpu", "cuda", "plugin")
 BACKEND = os.environ["BACKEND"]
 GATES = os.environ.get("XCCL_TORCH_SUITE_GATES", "own")  # "own" or "gloo"
