@@ -271,3 +271,23 @@ def test_cuda_run_budget_spent(tmp_path: Path) -> None:
     assert data["not_run"] == {"xcclc": kept, "gloo": kept}
     assert all(r["outcome"] == "not run" for res in data["results"].values() for r in res.values())
     assert "not run (the budget of 0 s was spent): xcclc 2, gloo 2" in got.stdout
+
+
+def test_known_failures_are_listed_not_counted(capsys: pytest.CaptureFixture[str]) -> None:
+    """report(): a test that passes on gloo and fails on xcclc is a regression unless it is
+    one of KNOWN_FAILURES, which is printed with its reason instead."""
+    import run_suite
+
+    ok = {"outcome": "passed", "reason": "", "seconds": 0.1}
+    bad = {"outcome": "failed", "reason": "boom", "seconds": 0.1}
+    names = ["test_sparse_all_reduce_sum_cuda", "test_all_reduce_sum_cuda", "test_barrier"]
+    results = {
+        "gloo": {n: ok for n in names},
+        "xcclc": {names[0]: bad, names[1]: bad, names[2]: ok},
+    }
+    got = run_suite.report(names, results, {"gloo": 1.0, "xcclc": 1.0})
+    out = capsys.readouterr().out
+    assert got == ["test_all_reduce_sum_cuda"], got
+    assert "known: sparse tensors" in out, out
+    assert run_suite.known_failure("test_monitored_barrier_gloo_subgroup") is not None
+    assert run_suite.known_failure("test_all_gather") is None

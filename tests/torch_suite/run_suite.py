@@ -27,7 +27,8 @@ file once, which makes a test take about a second instead of ten on a small mach
 seconds is killed and fails.
 
 Exit status: 0 when no selected test passes on gloo and fails on xccl (tests that torch's
-file skips for a non-gloo backend do not count), 1 otherwise, 2 on a usage or setup error.
+file skips for a non-gloo backend do not count, nor the known failures of ``KNOWN_FAILURES``,
+which are printed with their reason), 1 otherwise, 2 on a usage or setup error.
 A CUDA selection that the prefilter sets aside entirely is no error (0). ``--json PATH``
 writes every outcome, the tests set aside with their reasons and those not run. When a test
 failed, the test processes' output is kept in a directory the summary names.
@@ -83,6 +84,29 @@ import cuda_select
 WORKER_ENV = "XCCL_TORCH_SUITE_WORKER"  # set in a worker and inherited by its test processes
 GPU_NAMES = re.compile(r"cuda|gpu|nccl|xpu|hpu", re.IGNORECASE)
 XCCL_BACKEND = "xcclc"  # xccl.torch.BACKEND; not imported here so the parent stays light
+
+# Tests that pass on gloo and fail on xcclc for a known reason (only reachable with
+# `--gates gloo`: torch's file reserves them for gloo). They are listed with the reason and do
+# not count as regressions; a failure of any other test does.
+KNOWN_FAILURES: list[tuple[str, str]] = [
+    (r"test_sparse_all_reduce_sum", "sparse tensors: xccl raises NotImplementedError"),
+    (
+        r"test_monitored_barrier",
+        "torch's dist.monitored_barrier accepts only gloo (xccl: "
+        "pg.monitored_barrier); one test also matches gloo's wording",
+    ),
+    (r"test_accumulate_gradients_no_sync", "the test builds its model only for mpi, gloo and nccl"),
+    (
+        r"test_barrier_timeout_",
+        "xccl times out when asked, but its message does not match gloo's regular expression",
+    ),
+]
+
+
+def known_failure(name: str) -> Optional[str]:
+    """The reason `name` is a known failure on xcclc (KNOWN_FAILURES), or None."""
+    return next((why for pat, why in KNOWN_FAILURES if re.match(pat, name)), None)
+
 
 # The CI subset: tests that run (not skip) on a CPU machine at world size 3, one or two per
 # area: identity, groups, every collective (async, complex, error checks), p2p with tags and
@@ -429,7 +453,11 @@ def report(
             r = ours.get(n, {"outcome": "missing", "reason": ""})
             print(f"  {n}: {r['outcome']}: {r['reason']}")
             if r["outcome"] == "failed":
-                regressions.append(n)
+                why = known_failure(n)
+                if why is None:
+                    regressions.append(n)
+                else:
+                    print(f"    known: {why}")
         extra = [
             n
             for n in names
