@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import json
 import multiprocessing as mp
 import os
@@ -100,6 +101,10 @@ def _rank(rank: int, size: int, store: str, backend: str, mode: str, steps: int,
             fully_shard(model, mesh=mesh)
             opt = torch.optim.SGD(model.parameters(), lr=1e-4)
             t = _timed(torch, model, opt, x, steps)
+            del mesh
+        # nothing may hold the group at interpreter shutdown (examples/ddp_train.py says why)
+        del model, opt
+        gc.collect()
         dist.destroy_process_group()
         q.put((rank, {"step_s": t, "local_step_s": t_local}))
     except BaseException as exc:  # reported by the parent
