@@ -296,9 +296,9 @@ def stream_wait_body(rank: int, ws: int) -> dict[str, Any]:
 
 
 def test_stream_waits_on_devmap_order_without_deadlock(fake_lib):
-    # devmap settles once its peers' buffers are mapped: wait() then queues a wait on the
-    # current stream instead of waiting on the CPU, and no implicitly synchronising driver
-    # call is made meanwhile (the fake driver would fail it after 5 s, where a GPU would hang)
+    # wait() queues a wait on the current stream at once, and no implicitly synchronising
+    # driver call is made while it waits (the fake driver would fail it after 5 s, where a GPU
+    # would hang): a fresh buffer whose mapping is refused makes that round fall back
     env = {"XCCL_CUDA_LIB": fake_lib, "XCCL_SHARED": "1", "FAKE_CUDA_OP_DELAY_US": "50000",
            "FAKE_CUDA_SYNC_TIMEOUT_MS": "5000"}
     results = run_spmd(stream_wait_body, 2, timeout=120.0, pg_timeout=30.0, env=env)
@@ -306,3 +306,59 @@ def test_stream_waits_on_devmap_order_without_deadlock(fake_lib):
         assert res["rounds"] == [("devmap", True, True)] * 4, (rank, res)
         # the device takes 50 ms per step, so at least one wait found the operation running
         assert res["stream_waits"] >= 1, (rank, res)
+
+
+def early_wait_body(rank: int, ws: int, log_dir: str) -> dict[str, Any]:
+    """Twice: rank 0 waits (wait(): on its stream) for a devmap all_reduce of the same buffer
+    that rank 1 joins a second later; a copy queued on the stream after wait() must see the
+    sum. Returns per round how long wait() took, whether the copy saw the sum, and how many
+    of this rank's log lines said that devmap fell back."""
+    import glob
+    import time
+
+    import numpy as np
+
+    import xccl
+
+    def fallbacks() -> int:
+        return sum(open(f).read().count("falls back to messages")
+                   for f in glob.glob(os.path.join(log_dir, f"{os.getpid()}.log")))
+
+    lib = _driver()
+    lib.cuMemcpyAsync.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t,
+                                     ctypes.c_void_p]
+    want = np.sum([_rank_values(r, N) for r in range(ws)], axis=0)
+    x = _Dev(lib, N, [0.0] * N)
+    seen = _Dev(lib, N, [0.0] * N)
+    rounds = []
+    for _ in range(2):
+        x.set(_rank_values(rank, N).tolist())
+        xccl.barrier()
+        if rank == 1:
+            time.sleep(1.0)
+        w = xccl.all_reduce(x.tensor, async_op=True)
+        t0 = time.monotonic()
+        w.wait()
+        wait_s, running = time.monotonic() - t0, not w.is_completed()
+        assert lib.cuMemcpyAsync(seen.ptr, x.ptr, N * 4, None) == 0
+        assert lib.cuStreamSynchronize(None) == 0
+        ok = w.algo == "devmap" and bool(np.array_equal(np.float32(seen.get()), want))
+        rounds.append((wait_s, running, ok, fallbacks()))
+    return {"rounds": rounds}
+
+
+def test_wait_does_not_hold_the_cpu_until_peers_join(fake_lib, tmp_path):
+    # a devmap collective may have its peers' buffers still to map when a stream is made to
+    # wait for it: it never waits for a refused mapping (every rank falls back to messages for
+    # that call instead), so wait() queues the stream's wait at once rather than holding the
+    # CPU until the peers have joined; the refused buffer is mapped when the next operation is
+    # posted, so the second round runs devmap itself
+    env = {"XCCL_CUDA_LIB": fake_lib, "XCCL_SHARED": "1", "FAKE_CUDA_SYNC_TIMEOUT_MS": "5000",
+           "XCCL_DEBUG": "INFO", "XCCL_DEBUG_FILE": str(tmp_path / "%p.log")}
+    results = run_spmd(early_wait_body, 2, str(tmp_path), timeout=90.0, pg_timeout=30.0, env=env)
+    for rank, res in enumerate(results):
+        assert all(ok for _, _, ok, _ in res["rounds"]), (rank, res)
+    first, second = results[0]["rounds"]
+    assert first[0] < 0.5 and first[1], first  # queued at once, the peer still to come
+    assert second[0] < 0.5 and second[1], second
+    assert first[3] >= 1 and second[3] == first[3], results[0]  # fell back once, not twice

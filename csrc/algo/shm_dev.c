@@ -13,10 +13,12 @@
  *   1     wait until every rank's done >= e - 2 (nobody reads r's slot of parity p any more)
  *         and until r's own queued work (the prologue's copy) has finished; export the buffer
  *         peers read or write, write the blob into its slot; publish (signature, flag = e)
- *   2     for every rank, as its flag reaches e (signature checked): import its blob (an
- *         import refused for now - a caller's stream waits for a gate - is tried again)
- *   3     issue the device work below on its executor (settled: streams may wait for the
- *         Work on the device now) and wait for it
+ *   2     for every rank, as its flag reaches e (signature checked): import its blob, keep
+ *         the mapped pointer in its own slot; prog = stamp(e, MAPPED), or stamp(e, REFUSED)
+ *         when an import was refused for now (cuda_lib.h: a caller's stream waits for a gate,
+ *         and mapping could synchronise the device)
+ *   3     for every rank, as its prog reaches e: all MAPPED - issue the device work below on
+ *         its executor and wait for it; any REFUSED - PH_FALLBACK (below)
  *   4     done = e; wait until every rank's done >= e (nobody reads or writes r's buffers any
  *         more), complete
  *
@@ -39,11 +41,16 @@
  * XCCL_TASK_REDUCE_MAX sources), so every rank holds the same bits.
  *
  * Fallback: a rank whose buffer cannot be exported (memory the device cannot share, e.g. from
- * an allocator IPC does not serve) says so in its slot; every rank then sees it after step 2
- * and runs the collective as a sub-task of a message-based algorithm (through whatever
- * transport carries device memory, or staging), still completing step 4.
+ * an allocator IPC does not serve) says so in its slot, and a rank that may not map a peer's
+ * buffer now says so in its prog; every rank sees either (after step 2 or 3) and runs the
+ * collective as a sub-task of a message-based algorithm (through whatever transport carries
+ * device memory, or staging), still completing step 4. Step 3's round is what lets a rank
+ * give up a mapping instead of trying again: nobody has touched a peer's buffer before it, so
+ * every rank may still change its mind, together. That is why a caller's stream may wait for a
+ * devmap collective on the device from the moment it is posted (xccl.h, Streams): the
+ * collective never waits for the driver, which may be waiting for that stream.
  *
- * Cost (per rank, the critical path): two flag rounds as steps, the reductions as
+ * Cost (per rank, the critical path): three flag rounds as steps, the reductions as
  * reduce_bytes, the copies as copy_bytes; nothing on the wire.
  */
 #include <stdio.h>
@@ -52,19 +59,25 @@
 #include "algo/shm.h"
 #include "core/check.h"
 
-/* What a rank puts in its slot: whether it exported, and the blob of its buffer. */
+#define DEV_MAX_RANKS 256 /* pointers kept per rank (its slot, the stack) */
+
+/* What a rank puts in its slot: whether it exported, and the blob of its buffer; and, for its
+ * own use between steps 2 and 3, where it mapped every rank's buffer (only r writes slot r,
+ * and nobody reads r's pointers, which mean nothing in other processes). */
 typedef struct dev_slot {
     uint32_t      ok;  /* 1: exported (or nothing to export); 0: cannot share its buffer */
     uint32_t      len; /* blob bytes (0: nothing exported)                               */
     unsigned char blob[XCCL_TASK_BLOB_MAX];
+    uint64_t      mapped[DEV_MAX_RANKS];
 } dev_slot_t;
 
 _Static_assert(sizeof(dev_slot_t) <= SHM_SLOT_BYTES, "dev_slot_t outgrew a slot");
 
-#define DEV_MAX_RANKS 256 /* pointers kept on the stack per rank */
-
 /* State words: st[SHM_PHASE], st[SHM_CURSOR] (shm.h). */
-enum { PH_PUBLISH = 0, PH_PEERS, PH_WORK, PH_FALLBACK, PH_DONE };
+enum { PH_PUBLISH = 0, PH_PEERS, PH_AGREE, PH_WORK, PH_FALLBACK, PH_DONE };
+
+/* Step 2's outcome in prog (shm.h): every buffer mapped, or a mapping refused for now. */
+enum { PROG_MAPPED = 1, PROG_REFUSED = 2 };
 
 /* device memory its executor can share between processes, a segment */
 static int dev_applicable(const xccl_coll_args_t *a, int size)
@@ -187,14 +200,18 @@ static xccl_status_t dev_work(shm_t *x, unsigned char **peer, const void **srcs)
     }
 }
 
-/* Step 2 and 3: every peer published (signature checked); all exported: map them and issue the
- * work; one could not: PH_FALLBACK. */
+static dev_slot_t *dev_slot(const shm_t *x, int q)
+{
+    return (dev_slot_t *)(void *)shm_slot(x, q);
+}
+
+/* Step 2: every peer published (signature checked); one could not export: PH_FALLBACK; else map
+ * every buffer (none after a refusal) and say how that went. */
 static xccl_status_t dev_peers(shm_t *x)
 {
-    unsigned char *peer[DEV_MAX_RANKS];
-    const void    *srcs[DEV_MAX_RANKS];
-    size_t         mine;
-    int            all_ok = 1;
+    dev_slot_t *mine = dev_slot(x, x->rank);
+    size_t      nbytes;
+    int         all_ok = 1, refused = 0;
 
     for (int q = (int)x->st[SHM_CURSOR]; q < x->size; q++) {
         int rc = shm_ready(x, q);
@@ -206,21 +223,57 @@ static xccl_status_t dev_peers(shm_t *x)
     }
     x->st[SHM_CURSOR] = 0;
     for (int q = 0; q < x->size; q++)
-        all_ok &= ((const dev_slot_t *)(const void *)shm_slot(x, q))->ok == 1;
-    if (!all_ok) {
-        xccl_task_settle(x->t); /* the message-based fallback maps nothing */
+        all_ok &= dev_slot(x, q)->ok == 1;
+    if (!all_ok) { /* every rank sees the same slots: no round needed */
         x->st[SHM_PHASE] = PH_FALLBACK;
         return XCCL_OK;
     }
-    for (int q = 0; q < x->size; q++) {
-        const dev_slot_t *s = (const dev_slot_t *)(const void *)shm_slot(x, q);
+    for (int q = 0; q < x->size && !refused; q++) {
+        const dev_slot_t *s = dev_slot(x, q);
         void             *p = NULL;
-        if (q == x->rank) p = (void *)export_buf(x, &mine);
-        else if (s->len > 0) SHM_TRY(xccl_task_mem_import(x->t, s->blob, s->len, &p));
-        peer[q] = p;
+        if (q == x->rank) {
+            p = (void *)export_buf(x, &nbytes);
+        } else if (s->len > 0) {
+            xccl_status_t st = xccl_task_mem_import(x->t, s->blob, s->len, &p);
+            if (st == XCCL_INPROGRESS) refused = 1; /* not tried again: see the top */
+            else if (st != XCCL_OK) return st;
+        }
+        mine->mapped[q] = (uint64_t)(uintptr_t)p;
     }
+    shm_set_prog(x, refused ? PROG_REFUSED : PROG_MAPPED);
+    x->st[SHM_PHASE] = PH_AGREE;
+    return XCCL_OK;
+}
+
+/* Step 3: every rank said how its mapping went; all mapped: issue the work, else PH_FALLBACK. */
+static xccl_status_t dev_agree(shm_t *x)
+{
+    unsigned char    *peer[DEV_MAX_RANKS];
+    const void       *srcs[DEV_MAX_RANKS];
+    const dev_slot_t *mine    = dev_slot(x, x->rank);
+    int               refused = 0;
+
+    for (int q = (int)x->st[SHM_CURSOR]; q < x->size; q++) {
+        if (!shm_prog_ready(x, q, PROG_MAPPED)) {
+            x->st[SHM_CURSOR] = (uint64_t)q;
+            return XCCL_INPROGRESS;
+        }
+    }
+    x->st[SHM_CURSOR] = 0;
+    /* nobody passes step 4 of e before this rank's done = e: every prog still holds e's word */
+    for (int q = 0; q < x->size; q++)
+        refused |= atomic_load_explicit(&shm_ctl(x, q)->prog, memory_order_acquire) !=
+                   shm_stamp(x->e, PROG_MAPPED);
+    if (refused) {
+        XCCL_INFO("devmap: %s epoch %llu: a rank could not map a peer's buffer now (a stream "
+                  "waits for an operation): every rank falls back to messages",
+                  xccl_coll_name(x->a->coll), (unsigned long long)x->e);
+        x->st[SHM_PHASE] = PH_FALLBACK;
+        return XCCL_OK;
+    }
+    for (int q = 0; q < x->size; q++)
+        peer[q] = (unsigned char *)(uintptr_t)mine->mapped[q];
     SHM_TRY(dev_work(x, peer, srcs));
-    xccl_task_settle(x->t); /* only flags and the device work's events from here on */
     x->st[SHM_PHASE] = PH_WORK;
     return XCCL_OK;
 }
@@ -255,6 +308,7 @@ static xccl_status_t dev_progress(xccl_task_t *t)
             x.st[SHM_PHASE] = PH_PEERS;
             break;
         case PH_PEERS: SHM_TRY(dev_peers(&x)); break;
+        case PH_AGREE: SHM_TRY(dev_agree(&x)); break;
         case PH_FALLBACK: {
             const xccl_algo_t *fb = fallback_algo(x.a->coll);
             int                map[DEV_MAX_RANKS];
@@ -278,14 +332,14 @@ static xccl_status_t dev_progress(xccl_task_t *t)
     }
 }
 
-/* Costs: two flag rounds; all_reduce reduces its slice of n vectors and copies it to n - 1
+/* Costs: three flag rounds; all_reduce reduces its slice of n vectors and copies it to n - 1
  * peers; the others copy or reduce what the table above says. */
 static void cost_dev(xccl_coll_t coll, int n, size_t nbytes, xccl_cost_t *out)
 {
     double s = (double)nbytes, f = n > 1 ? (double)(n - 1) / n : 0;
 
     memset(out, 0, sizeof(*out));
-    out->steps = n > 1 ? 2 : 0;
+    out->steps = n > 1 ? 3 : 0;
     switch (coll) {
     case XCCL_COLL_ALLREDUCE:
         out->reduce_bytes = n > 1 ? s / n * (n - 1) : 0;
@@ -316,30 +370,29 @@ DEV_COST(cost_alltoall, XCCL_COLL_ALLTOALL)
                              .applicable = dev_applicable,                                         \
                              .cost       = cost_fn,                                                \
                              .progress   = dev_progress,                                           \
-                             .shared     = 1,                                                      \
-                             .maps_peers = 1}
+                             .shared     = 1}
 
 DEV_ALGO(xccl_algo_allreduce_devmap, XCCL_COLL_ALLREDUCE, cost_allreduce,
          "one host, device memory: each rank reduces its slice from every rank's mapped buffer "
-         "in rank order and writes it into every peer's; 2 flag steps, no messages");
+         "in rank order and writes it into every peer's; 3 flag steps, no messages");
 DEV_ALGO(xccl_algo_reduce_scatter_devmap, XCCL_COLL_REDUCE_SCATTER, cost_reduce_scatter,
          "one host, device memory: each rank reduces its block from every rank's mapped send "
-         "buffer in rank order; 2 flag steps, no messages");
+         "buffer in rank order; 3 flag steps, no messages");
 DEV_ALGO(xccl_algo_allgather_devmap, XCCL_COLL_ALLGATHER, cost_allgather,
          "one host, device memory: each rank copies every peer's block from its mapped buffer; "
-         "2 flag steps, no messages");
+         "3 flag steps, no messages");
 DEV_ALGO(xccl_algo_broadcast_devmap, XCCL_COLL_BROADCAST, cost_broadcast,
-         "one host, device memory: every rank copies the root's mapped buffer; 2 flag steps, no "
+         "one host, device memory: every rank copies the root's mapped buffer; 3 flag steps, no "
          "messages");
 DEV_ALGO(xccl_algo_reduce_devmap, XCCL_COLL_REDUCE, cost_reduce,
          "one host, device memory: the root reduces every rank's mapped send buffer in rank "
-         "order; 2 flag steps, no messages");
+         "order; 3 flag steps, no messages");
 DEV_ALGO(xccl_algo_gather_devmap, XCCL_COLL_GATHER, cost_gather,
-         "one host, device memory: the root copies every rank's mapped send buffer; 2 flag "
+         "one host, device memory: the root copies every rank's mapped send buffer; 3 flag "
          "steps, no messages");
 DEV_ALGO(xccl_algo_scatter_devmap, XCCL_COLL_SCATTER, cost_scatter,
          "one host, device memory: every rank copies its block of the root's mapped send "
-         "buffer; 2 flag steps, no messages");
+         "buffer; 3 flag steps, no messages");
 DEV_ALGO(xccl_algo_alltoall_devmap, XCCL_COLL_ALLTOALL, cost_alltoall,
          "one host, device memory: each rank copies its block of every peer's mapped send "
-         "buffer; 2 flag steps, no messages");
+         "buffer; 3 flag steps, no messages");

@@ -411,11 +411,6 @@ xccl_status_t xccl_task_mem_import(xccl_task_t *t, const void *blob, size_t len,
     return st < 0 ? task_exec_fail(&t->work->task, st, "mapping a peer's buffer") : st;
 }
 
-void xccl_task_settle(xccl_task_t *t)
-{
-    if (t == &t->work->task) atomic_store_explicit(&t->work->settled, 1, memory_order_release);
-}
-
 xccl_status_t xccl_task_reduce_n(xccl_task_t *t, void *dst, const void *const *srcs, int k,
                                  size_t count)
 {

@@ -323,11 +323,6 @@ struct xccl_work {
     const struct xccl_exec_ops *gate_exec; /* NULL: no gate                              */
     uint64_t                    gate;
     int                         gate_opened;
-    /* device memory: the operation's order among the context's device Works, and whether it
-     * will make no more executor calls that may synchronise the device (xccl_task_settle):
-     * only then may a caller's stream wait for its gate (xccl_work_wait_stream) */
-    uint64_t                    dseq;
-    _Atomic int                 settled;
     _Atomic int                 stream_waited; /* a caller's stream waits for the gate */
     /* device memory: the caller's stream has not reached the operation yet (exec.h
      * order_after): a collective runs its prologue and algorithm, a p2p posts its request,
@@ -467,7 +462,6 @@ struct xccl_ctx {
      * nap for XCCL_DEVICE_NAP_NS between polls instead of sleeping on the transports (a
      * spinning thread would starve the others that take ctx->lock) */
     int               ndevice;
-    uint64_t          dseq; /* device Works posted so far (xccl_work_t.dseq) */
     /* point-to-point Works not posted yet, in posting order: the first waits for its caller's
      * stream (ready_ev), the others behind it keep the order messages are matched in */
     xccl_work_t      *hold_head, *hold_tail;

@@ -231,9 +231,6 @@ struct xccl_algo {
     /* 1: uses the node-shared segment (see "Node-shared memory"); applicable only where
      * args->topo->shared says it can run. */
     int shared;
-    /* 1: maps peers' buffers (xccl_task_mem_import), retrying a mapping the device layer
-     * refuses for now: its Work is unsettled until it calls xccl_task_settle. */
-    int maps_peers;
 };
 
 /* ---------------------------------------------------------------------------------------------
@@ -288,6 +285,11 @@ struct xccl_algo {
  * node-shared segment, say), each peer imports the blob and gets a pointer valid while the
  * exporting rank's operation runs. Exporting may fail for a buffer the device cannot share
  * (XCCL_ERR_NOT_SUPPORTED): every rank must then learn it and fall back the same way.
+ * Importing may be refused for now (XCCL_INPROGRESS): mapping may synchronise the device, which
+ * the device layer does not do while a caller's stream waits for a gate, and that stream may
+ * be waiting for this very operation (xccl_work_wait_stream queues such a wait as soon as the
+ * operation is posted). An algorithm must not try again until the refusal lifts - it might
+ * never - but give up the mapping and fall back, every rank with it.
  * Copies and reductions on mapped memory are the task's device work (xccl_task_test waits for
  * them); an algorithm must not let a rank complete while a peer may still read or write its
  * buffers (e.g. "done" flags). */
@@ -301,13 +303,6 @@ xccl_status_t xccl_task_mem_import(xccl_task_t *t, const void *blob, size_t len,
  * XCCL_TASK_REDUCE_MAX; dst may alias a source), on the task's executor, like xccl_task_reduce. */
 xccl_status_t xccl_task_reduce_n(xccl_task_t *t, void *dst, const void *const *srcs, int k,
                                  size_t count);
-/* Says that the operation has mapped every peer buffer it needs (no xccl_task_mem_import from
- * here on). Only algorithms with maps_peers call it; every other operation is settled from the
- * start. A caller's stream may wait for a settled Work on the device (xccl_work_wait_stream):
- * mapping memory may synchronise the device, so the device layer refuses it while a stream
- * waits, and an algorithm that retries a refused mapping could never finish a Work that a
- * stream waits for. Counts only for the Work's own task (not a sub-task). */
-void          xccl_task_settle(xccl_task_t *t);
 
 enum {
     XCCL_SHARED_SEG = 1u << 0, /* a shared segment (xccl_task_shared)                           */

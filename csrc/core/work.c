@@ -18,8 +18,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static xccl_status_t wait_loop(xccl_work_t *w, int64_t slice_us, int until_settled);
-
 xccl_work_t *xccl_work_new(xccl_comm_t *comm, work_kind_t kind, const char *name,
                            int64_t timeout_ms)
 {
@@ -107,9 +105,6 @@ void xccl_work_activate(xccl_work_t *w, int blocking)
      * gate), so the thread takes it over now rather than at its next tick */
     if (w->gate_exec != NULL) {
         ctx->ndevice++;
-        w->dseq = ++ctx->dseq;
-        /* unsettled until it has mapped its peers' buffers, if its algorithm maps any */
-        atomic_store(&w->settled, !(w->kind == WORK_COLL && w->task.algo->maps_peers));
     }
     if (!blocking) count_async(ctx, w, w->gate_exec != NULL);
     /* one clock read serves the enqueue time and the deadline */
@@ -370,11 +365,18 @@ xccl_status_t xccl_work_wait_stream(xccl_work_t *w, void *stream)
     if (w->gate_exec == NULL)
         return XCCL_ERROR(XCCL_ERR_INVALID_USAGE, "%s: wait_stream needs an operation on device "
                           "memory (this one's buffers are host memory)", w->name);
-    /* the CPU waits while the operation, or one posted before it, has not settled (xccl.h,
-     * Streams): it could stop for a driver call refused while `stream` waits. Once settled, the
-     * Work is marked (wait_loop) so that a failure breaks its communicator. */
+    /* marked under the lock: a failure from here on breaks the communicator (xccl.h, Streams).
+     * No operation waits for a driver call the device layer refuses while a stream waits
+     * (task.h, "Device memory of peers"), so the stream may wait right away. */
     st = atomic_load(&w->status);
-    if (st == XCCL_INPROGRESS) st = wait_loop(w, -1, 1);
+    if (st == XCCL_INPROGRESS) {
+        xccl_ctx_t *ctx = w->comm->ctx;
+
+        pthread_mutex_lock(&ctx->lock);
+        st = atomic_load(&w->status);
+        if (st == XCCL_INPROGRESS) atomic_store(&w->stream_waited, 1);
+        pthread_mutex_unlock(&ctx->lock);
+    }
     if (st == XCCL_OK) return XCCL_OK; /* its device work has finished */
     if (st < 0) return XCCL_ERROR(st, "%s", xccl_work_error(w));
     /* racing with the finish is fine: a gate, once open, lets every later waiter through */
@@ -470,26 +472,9 @@ xccl_status_t xccl_work_wait(xccl_work_t *w, int64_t slice_ms)
     return xccl_work_wait_us(w, slice_ms < 0 ? -1 : slice_ms * 1000);
 }
 
-/* 1 when no device Work of w's context posted up to w is still unsettled (task.h,
- * xccl_task_settle): none of them can stop for a driver call the device layer refuses while a
- * stream waits. Lock held. */
-static int settled_upto(xccl_ctx_t *ctx, const xccl_work_t *w)
-{
-    for (const xccl_work_t *x = ctx->dl_head; x != NULL; x = x->dl_next)
-        if (x->gate_exec != NULL && x->dseq <= w->dseq &&
-            !atomic_load_explicit(&x->settled, memory_order_acquire))
-            return 0;
-    return 1;
-}
-
+/* Drives progress until w completes; at most slice_us (< 0: no limit but the Works'
+ * deadlines). */
 xccl_status_t xccl_work_wait_us(xccl_work_t *w, int64_t slice_us)
-{
-    return wait_loop(w, slice_us, 0);
-}
-
-/* Drives progress until w completes or, with until_settled, until settled_upto(w); at most
- * slice_us (< 0: no limit but the Works' deadlines). */
-static xccl_status_t wait_loop(xccl_work_t *w, int64_t slice_us, int until_settled)
 {
     xccl_status_t st = atomic_load(&w->status);
     xccl_ctx_t   *ctx;
@@ -509,11 +494,6 @@ static xccl_status_t wait_loop(xccl_work_t *w, int64_t slice_us, int until_settl
         int n = xccl_ctx_progress_locked(ctx);
         if (n > 0) xccl_shared_disarm(&sh);
         if (atomic_load(&w->status) != XCCL_INPROGRESS) break;
-        if (until_settled && settled_upto(ctx, w)) {
-            /* marked under the lock: a failure from here on breaks the communicator */
-            atomic_store(&w->stream_waited, 1);
-            break;
-        }
         if (ctx->done_head != NULL) {
             pthread_mutex_unlock(&ctx->lock);
             xccl_ctx_run_callbacks(ctx);

@@ -721,7 +721,9 @@ static xccl_status_t cu_order_after(void *stream, void **ev)
     CUresult rc;
 
     *ev = NULL;
-    xccl_cuda_release_deferred(); /* the caller's thread, no lock of xccl held: a good time */
+    /* the caller's thread, no lock of xccl held: a good time */
+    xccl_cuda_release_deferred();
+    xccl_cuda_peer_warm();
     if (s == own) return XCCL_OK;
     XCCL_CHECK(xccl_cuda_enter());
     e = xccl_cuda_event_get();

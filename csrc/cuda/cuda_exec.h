@@ -40,5 +40,8 @@ xccl_status_t xccl_cuda_reduce_n(void *dst, const void *const *srcs, int k, size
  * process exits (its device is never released). */
 xccl_status_t xccl_cuda_export_mem(const void *ptr, size_t nbytes, void *blob, size_t *len);
 xccl_status_t xccl_cuda_import_mem(const void *blob, size_t len, void **ptr);
+/* Opens the peers' buffers whose import was refused for now, if no stream waits any more
+ * (cuda_peer.c); called when a device operation is posted. */
+void          xccl_cuda_peer_warm(void);
 
 #endif /* XCCL_CUDA_EXEC_H */

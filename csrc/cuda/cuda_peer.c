@@ -14,13 +14,17 @@
  * entries an operation in flight uses are never the least recently used.
  *
  * Opening a handle may synchronise the device (cuda_lib.h): while a stream waits for a gate,
- * import_mem answers XCCL_INPROGRESS and the algorithm tries again on a later pass.
+ * import_mem answers XCCL_INPROGRESS (the algorithm falls back to messages for that call) and
+ * keeps the blob; the next device operation posted opens it, if no stream waits then
+ * (xccl_cuda_peer_warm), so that a training loop whose first steps waited early maps its
+ * buffers for the steps after.
  *
  * Memory legacy IPC cannot export (cudaMallocAsync pools, VMM allocations such as PyTorch's
  * expandable segments) answers XCCL_ERR_NOT_SUPPORTED: the algorithm then falls back to
  * messages. Thread-safe (one lock): contexts may call from their own threads.
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -31,6 +35,7 @@
 #define BLOB_MAGIC  0x78636370u /* "xccp" */
 #define EXPORT_CAP  1024
 #define IMPORT_CAP  1024
+#define PENDING_CAP 64 /* blobs refused for now, to open later (newest kept) */
 
 typedef struct peer_blob {
     uint32_t magic;
@@ -47,6 +52,9 @@ _Static_assert(sizeof(CUipcMemHandle) == IPC_HANDLE_BYTES, "CUDA IPC handle size
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static ipc_cache_t     exported, imported;
 static int             caches_ready;
+static peer_blob_t     pending[PENDING_CAP];
+static int             npending;
+static _Atomic int     any_pending; /* npending > 0, read without mu */
 
 static void close_mapping(void *arg, void *mapped)
 {
@@ -107,10 +115,63 @@ xccl_status_t xccl_cuda_export_mem(const void *ptr, size_t nbytes, void *blob, s
     return XCCL_OK;
 }
 
+/* Opens b's handle into the importer's cache (a reference taken). Under mu, between
+ * xccl_cuda_sync_begin and _end. */
+static xccl_status_t open_into_cache(const peer_blob_t *b, ipc_entry_t **out)
+{
+    CUipcMemHandle h;
+    CUdeviceptr    m = 0;
+    CUresult       rc;
+
+    memcpy(h.reserved, b->handle, IPC_HANDLE_BYTES);
+    rc = xccl_cu.IpcOpenMemHandle(&m, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+    if (rc != CUDA_SUCCESS) return xccl_cuda_fail(rc, "cuIpcOpenMemHandle (a peer's buffer)");
+    *out = ipc_cache_add(&imported, b->pid, b->buf_id, b->base, b->size, (void *)(uintptr_t)m,
+                         NULL);
+    if (*out == NULL) {
+        close_mapping(NULL, (void *)(uintptr_t)m);
+        return XCCL_ERROR(XCCL_ERR_NO_MEMORY, "cuda import: out of memory");
+    }
+    return XCCL_OK;
+}
+
+/* Keeps a refused blob for xccl_cuda_peer_warm (once per allocation; the oldest goes). */
+static void pending_add(const peer_blob_t *b)
+{
+    for (int i = 0; i < npending; i++)
+        if (pending[i].pid == b->pid && pending[i].buf_id == b->buf_id) return;
+    if (npending == PENDING_CAP) memmove(pending, pending + 1, --npending * sizeof(*pending));
+    pending[npending++] = *b;
+    atomic_store_explicit(&any_pending, 1, memory_order_relaxed);
+}
+
+void xccl_cuda_peer_warm(void)
+{
+    if (!atomic_load_explicit(&any_pending, memory_order_relaxed) ||
+        xccl_cuda_enter() != XCCL_OK)
+        return;
+    pthread_mutex_lock(&mu);
+    if (npending > 0 && xccl_cuda_sync_begin()) {
+        for (int i = 0; i < npending; i++) {
+            const peer_blob_t *b = &pending[i];
+            ipc_entry_t       *e = ipc_cache_get(&imported, b->pid, b->buf_id, b->base, b->size);
+            /* a failure (the owner freed it meanwhile, say) only means no head start */
+            if (e == NULL && open_into_cache(b, &e) != XCCL_OK)
+                XCCL_TRACE("cuda import: opening a peer's buffer ahead: %s", xccl_last_error());
+            if (e != NULL) ipc_cache_put(&imported, e);
+        }
+        npending = 0;
+        atomic_store_explicit(&any_pending, 0, memory_order_relaxed);
+        xccl_cuda_sync_end();
+    }
+    pthread_mutex_unlock(&mu);
+}
+
 xccl_status_t xccl_cuda_import_mem(const void *blob, size_t len, void **ptr)
 {
-    peer_blob_t  b;
-    ipc_entry_t *e;
+    peer_blob_t   b;
+    ipc_entry_t  *e;
+    xccl_status_t st;
 
     if (len != sizeof(b))
         return XCCL_ERROR(XCCL_ERR_INTERNAL, "cuda import: a blob of %zu bytes", len);
@@ -126,26 +187,16 @@ xccl_status_t xccl_cuda_import_mem(const void *blob, size_t len, void **ptr)
     caches_init();
     e = ipc_cache_get(&imported, b.pid, b.buf_id, b.base, b.size);
     if (e == NULL) {
-        CUipcMemHandle h;
-        CUdeviceptr    m = 0;
-        CUresult       rc;
-        memcpy(h.reserved, b.handle, IPC_HANDLE_BYTES);
-        if (!xccl_cuda_sync_begin()) { /* a stream waits for a gate: the caller tries again */
+        if (!xccl_cuda_sync_begin()) { /* a stream waits for a gate: not now (see the top) */
+            pending_add(&b);
             pthread_mutex_unlock(&mu);
             return XCCL_INPROGRESS;
         }
-        rc = xccl_cu.IpcOpenMemHandle(&m, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+        st = open_into_cache(&b, &e);
         xccl_cuda_sync_end();
-        if (rc != CUDA_SUCCESS) {
+        if (st != XCCL_OK) {
             pthread_mutex_unlock(&mu);
-            return xccl_cuda_fail(rc, "cuIpcOpenMemHandle (a peer's buffer)");
-        }
-        e = ipc_cache_add(&imported, b.pid, b.buf_id, b.base, b.size, (void *)(uintptr_t)m,
-                          NULL);
-        if (e == NULL) {
-            close_mapping(NULL, (void *)(uintptr_t)m);
-            pthread_mutex_unlock(&mu);
-            return XCCL_ERROR(XCCL_ERR_NO_MEMORY, "cuda import: out of memory");
+            return st;
         }
     }
     *ptr = (char *)e->mapped + b.offset;

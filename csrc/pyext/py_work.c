@@ -335,8 +335,8 @@ static PyObject *work_wait(xccl_py_work_t *self, PyObject *args, PyObject *kwds)
 }
 
 /* Work.wait_stream(stream): makes CUstream `stream` (0 or 1: the legacy default stream) wait
- * for an operation on CUDA memory. The CPU waits (GIL released) only until the operation has
- * settled (xccl_work_wait_stream); raises the operation's error when it has failed by then. */
+ * for an operation on CUDA memory (xccl_work_wait_stream, GIL released: it takes the context's
+ * lock); raises the operation's error when it has failed by then. */
 static PyObject *work_wait_stream(xccl_py_work_t *self, PyObject *arg)
 {
     xccl_py_state_t   *state = xccl_py_state_of((PyObject *)self);
@@ -536,8 +536,7 @@ static PyMethodDef work_methods[] = {
      "(the operation itself continues)."},
     {"wait_stream", (PyCFunction)work_wait_stream, METH_O,
      "wait_stream(stream) -> True\n\nAn operation on CUDA memory: CUstream `stream` (an int; 0 "
-     "is the legacy default stream) waits for it on the GPU. The CPU waits only while the "
-     "operation has not settled, at most until the peers of a one-host collective have joined (xccl.cuda, "
+     "is the legacy default stream) waits for it on the GPU; the CPU does not wait (xccl.cuda, "
      "Streams). Raises the operation's error if it has failed by then."},
     {"is_completed", (PyCFunction)work_is_completed, METH_NOARGS,
      "is_completed() -> bool: True once the operation has finished, successfully or not."},

@@ -134,8 +134,7 @@ class Work:
         operation's own deadline. Several threads may wait on one Work."""
     def wait_stream(self, stream: int) -> bool:
         """CUDA operations: CUstream `stream` (0: the legacy default stream) waits for the
-        operation on the GPU. The CPU waits only until the operation has settled (at most until
-        the peers of a one-host collective have joined). Raises the operation's error if it has
+        operation on the GPU; the CPU does not wait. Raises the operation's error if it has
         failed by then; XcclError for an operation on host memory."""
     @property
     def cuda(self) -> bool: ...  # an operation on CUDA memory

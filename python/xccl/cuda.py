@@ -21,9 +21,8 @@ at once: the operation starts when that stream gets there and runs in the backgr
 copies and reductions on a stream of the group's own), so GPU work queued meanwhile overlaps it.
 ``Work.wait()`` and a call with ``async_op=False`` behave as torch's NCCL backend: they make
 the current stream (and, for a call, the call's stream) wait for the operation on the GPU, so
-work queued there afterwards runs after it, and return without waiting for the GPU. The CPU
-waits only until the operation has settled - at most until the peers of a one-host collective
-have joined (see below). ``Work.synchronize()`` waits on the CPU until the operation has
+work queued there afterwards runs after it, and return without waiting for the GPU or for the
+peers (see below). ``Work.synchronize()`` waits on the CPU until the operation has
 finished on the GPU; ``Work.is_completed()`` polls; ``wait(timeout=...)`` waits on the CPU (the
 timeout bounds it). An operation that fails after a stream started waiting for it releases that
 stream; its error is raised by ``synchronize()``, ``is_completed()``/``exception()`` and the
@@ -33,15 +32,13 @@ next call on the group. ``stream=`` on host tensors is an error. The copy into l
 ``XCCL_CUDA_WAIT=cpu`` makes every wait a CPU wait until the operation has finished on the GPU
 (gloo's CUDA behaviour).
 
-When the CPU waits: the driver calls that map a peer's buffer or allocate and free memory may
-wait for every stream of the process, a stream that waits for an xccl operation included; if
-the operation itself still needed such a call, neither would ever go on. So xccl makes those
-calls only while no stream waits for an unfinished operation (otherwise it tries again later,
-allocates with the stream-ordered allocator, or defers a release), and lets a stream wait for
-an operation only once the operation - and every earlier one - cannot be held up that way:
-message-based operations (point-to-point, the staged host path) from the start (they send
-through host memory instead), the one-host "devmap" collectives once their peers' buffers are
-mapped, which is when the peers have joined.
+Why no stream wait deadlocks: the driver calls that map a peer's buffer or allocate and free
+memory may wait for every stream of the process, a stream that waits for an xccl operation
+included; if the operation itself still needed such a call, neither would ever go on. So xccl
+makes those calls only while no stream waits for an unfinished operation, and no operation
+waits for one: it allocates with the stream-ordered allocator, sends a message through host
+memory, runs a one-host "devmap" collective through messages for that call, or defers a
+release (the refused mapping is made when the next operation is posted).
 """
 
 from __future__ import annotations

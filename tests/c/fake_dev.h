@@ -277,8 +277,11 @@ static void fdev_host_release(void *p)
 }
 
 /* Peer access in one address space (the simulator's ranks): a blob is {magic, address,
- * bytes}; fdev_no_export makes export fail as memory a device cannot share does. */
-static int fdev_no_export;
+ * bytes}; fdev_no_export makes export fail as memory a device cannot share does, and
+ * fdev_refuse_import = k refuses every k-th import for now (XCCL_INPROGRESS), as the device
+ * layer does while a caller's stream waits for a gate. */
+static int      fdev_no_export;
+static unsigned fdev_refuse_import, fdev_imports;
 #define FDEV_BLOB_MAGIC 0x66646576626c6f62ull
 
 static xccl_status_t fdev_export(const void *ptr, size_t nbytes, void *blob, size_t *len)
@@ -296,6 +299,7 @@ static xccl_status_t fdev_import(const void *blob, size_t len, void **ptr)
     if (len != sizeof(b)) return XCCL_ERR_INVALID_ARG;
     memcpy(b, blob, sizeof(b));
     if (b[0] != FDEV_BLOB_MAGIC) return XCCL_ERR_INVALID_ARG;
+    if (fdev_refuse_import > 0 && ++fdev_imports % fdev_refuse_import == 0) return XCCL_INPROGRESS;
     *ptr = (void *)(uintptr_t)b[1];
     return XCCL_OK;
 }

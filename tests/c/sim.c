@@ -47,7 +47,7 @@ struct xccl_task {
     req_vec_t               reqs; /* posted and not yet forgotten by xccl_task_test */
     int                     finished;
     int                     draining; /* progress returned XCCL_OK; events still running */
-    int                     settled;  /* xccl_task_settle was called on it               */
+    int                     refused;  /* an import said XCCL_INPROGRESS (task.h)          */
     const xccl_exec_ops_t  *exec;
     void                  **ev;       /* unfinished executor events, oldest first       */
     size_t                  nev, ev_cap;
@@ -498,18 +498,21 @@ xccl_status_t xccl_task_mem_export(xccl_task_t *t, const void *ptr, size_t nbyte
     return t->exec->export_mem(ptr, nbytes, blob, len);
 }
 
-/* Checks the promise: no import after it (task.h). */
-void xccl_task_settle(xccl_task_t *t) { t->settled = 1; }
-
+/* Checks the rule of task.h ("Device memory of peers"): no import is tried again after one was
+ * refused for now (the refusal might never lift). */
 xccl_status_t xccl_task_mem_import(xccl_task_t *t, const void *blob, size_t len, void **ptr)
 {
+    xccl_status_t st;
+
     if (t->exec->import_mem == NULL)
         return sim_fail(t->sim, "rank %d: import on an executor without peer access", t->rank);
     for (xccl_task_t *u = t; u != NULL; u = u->parent)
-        if (u->settled)
-            return sim_fail(t->sim, "rank %d: %s imports after it settled", t->rank,
-                            t->algo->name);
-    return t->exec->import_mem(blob, len, ptr);
+        if (u->refused)
+            return sim_fail(t->sim, "rank %d: %s imports again after a refused import",
+                            t->rank, t->algo->name);
+    st = t->exec->import_mem(blob, len, ptr);
+    if (st == XCCL_INPROGRESS) t->refused = 1;
+    return st;
 }
 
 xccl_status_t xccl_task_reduce_n(xccl_task_t *t, void *dst, const void *const *srcs, int k,

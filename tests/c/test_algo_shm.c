@@ -576,8 +576,9 @@ static const xccl_algo_t *const devmap_algos[] = {
     &xccl_algo_reduce_scatter_devmap, &xccl_algo_alltoall_devmap, NULL};
 
 /* devmap on fake device memory: the sweeps (n up to 64: reductions chained beyond 8 sources),
- * back to back, and with a rank that cannot export its buffer (every rank falls back to the
- * message-based algorithm); not applicable to host memory or without a segment. */
+ * back to back, with a rank that cannot export its buffer and with imports refused for now
+ * (every rank falls back to the message-based algorithm); not applicable to host memory or
+ * without a segment. */
 static void test_devmap(void)
 {
     int before = ncases;
@@ -601,6 +602,18 @@ static void test_devmap(void)
             sweep_one(a, &topo_seg, n, 301, XCCL_INT32, XCCL_OP_SUM,
                       rooted(a->coll) ? n - 1 : -1, 5, 0);
         fdev_no_export = 0;
+        /* imports refused for now: a rank that met one, and so every rank, falls back (some
+         * ranks mapped everything: step 3 tells them); the simulator fails a second try */
+        for (unsigned k = 1; k <= 4; k += 3) {
+            unsigned seen = fdev_imports;
+            fdev_refuse_import = k;
+            for (int n = 2; n <= 5; n += 3)
+                sweep_one(a, &topo_seg, n, 301, XCCL_INT32, XCCL_OP_SUM,
+                          rooted(a->coll) ? n - 1 : -1, k, 0);
+            fdev_refuse_import = 0;
+            CHECK_MSG(fdev_imports >= seen + k, "%s/devmap: %u imports with every %u-th refused",
+                      xccl_coll_name(a->coll), fdev_imports - seen, k);
+        }
     }
     dev_mode = 0;
     fdev_open(0);

@@ -244,11 +244,10 @@ xccl_status_t xccl_work_wait(xccl_work_t *w, int64_t slice_ms);
 xccl_status_t xccl_work_wait_us(xccl_work_t *w, int64_t slice_us);
 xccl_status_t xccl_work_status(const xccl_work_t *w); /* no progress */
 /* Device memory: makes `stream` (a CUstream; NULL: the legacy default stream) wait until the
- * Work has completed. The CPU waits (driving progress) only while this Work, or a device Work
- * of the context posted before it, has not settled (see Streams below); then the wait is
- * queued on the stream and the call returns. XCCL_OK when queued (or when the Work already
- * succeeded: nothing to wait for), the Work's error when it has failed by then,
- * XCCL_ERR_INVALID_USAGE for a Work on host memory. */
+ * Work has completed; the wait is queued on the stream and the call returns, the CPU does not
+ * wait (see Streams below). XCCL_OK when queued (or when the Work already succeeded: nothing
+ * to wait for), the Work's error when it has failed by then, XCCL_ERR_INVALID_USAGE for a Work
+ * on host memory. */
 xccl_status_t xccl_work_wait_stream(xccl_work_t *w, void *stream);
 /* Message of a failed Work ("" otherwise); valid while the Work is. */
 const char   *xccl_work_error(const xccl_work_t *w);
@@ -306,11 +305,11 @@ typedef struct xccl_p2p_opts {
  * never by the device). Deadlock freedom: driver calls that may synchronise the device
  * (mapping a peer's buffer, allocating or freeing device or pinned memory) would wait for a
  * stream held by such a wait, and so for the operation itself. xccl makes them only while no
- * stream waits for an unfinished operation (otherwise it retries later, allocates with the
- * stream-ordered allocator, sends through host memory, or defers a release), and queues a
- * stream's wait only once neither the operation nor any device operation posted before it can
- * be held up by such a refusal (it has "settled"): message-based operations from the start,
- * the one-host "devmap" algorithms once they have mapped their peers' buffers. A collective
+ * stream waits for an unfinished operation; otherwise it goes without: it allocates with the
+ * stream-ordered allocator, sends a message through host memory, runs a one-host "devmap"
+ * collective through messages for that call (every rank with it), or defers a release. No
+ * operation is ever held up by such a refusal, so a stream may wait for any operation as soon
+ * as it is posted. A collective
  * that fails after a stream started waiting breaks its communicator (later calls fail with
  * its error). The same holds for other threads of the process: one that frees device memory
  * while a stream waits only waits for that operation, which completes without it. */
