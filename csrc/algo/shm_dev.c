@@ -205,8 +205,23 @@ static dev_slot_t *dev_slot(const shm_t *x, int q)
     return (dev_slot_t *)(void *)shm_slot(x, q);
 }
 
+/* Whether this rank's device work (dev_work) touches rank q's buffer: mapping no more than
+ * that leaves fewer mappings to be refused. */
+static int uses_peer(const shm_t *x, int q)
+{
+    const xccl_coll_args_t *a = x->a;
+
+    switch (a->coll) {
+    case XCCL_COLL_BROADCAST:
+    case XCCL_COLL_SCATTER: return x->rank != a->root && q == a->root;
+    case XCCL_COLL_REDUCE:
+    case XCCL_COLL_GATHER: return x->rank == a->root;
+    default: return 1;
+    }
+}
+
 /* Step 2: every peer published (signature checked); one could not export: PH_FALLBACK; else map
- * every buffer (none after a refusal) and say how that went. */
+ * the buffers this rank's work uses (none after a refusal) and say how that went. */
 static xccl_status_t dev_peers(shm_t *x)
 {
     dev_slot_t *mine = dev_slot(x, x->rank);
@@ -233,10 +248,14 @@ static xccl_status_t dev_peers(shm_t *x)
         void             *p = NULL;
         if (q == x->rank) {
             p = (void *)export_buf(x, &nbytes);
-        } else if (s->len > 0) {
+        } else if (s->len > 0 && uses_peer(x, q)) {
             xccl_status_t st = xccl_task_mem_import(x->t, s->blob, s->len, &p);
-            if (st == XCCL_INPROGRESS) refused = 1; /* not tried again: see the top */
-            else if (st != XCCL_OK) return st;
+            if (st == XCCL_INPROGRESS) {
+                refused = 1; /* not tried again: see the top */
+            } else if (st != XCCL_OK) {
+                shm_set_prog(x, PROG_REFUSED); /* the peers move on, to fail in the fallback */
+                return st;
+            }
         }
         mine->mapped[q] = (uint64_t)(uintptr_t)p;
     }

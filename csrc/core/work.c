@@ -374,7 +374,10 @@ xccl_status_t xccl_work_wait_stream(xccl_work_t *w, void *stream)
 
         pthread_mutex_lock(&ctx->lock);
         st = atomic_load(&w->status);
-        if (st == XCCL_INPROGRESS) atomic_store(&w->stream_waited, 1);
+        if (st == XCCL_INPROGRESS) {
+            atomic_store(&w->stream_waited, 1);
+            count_async(ctx, w, 1); /* nobody waits on the CPU: the thread drives it */
+        }
         pthread_mutex_unlock(&ctx->lock);
     }
     if (st == XCCL_OK) return XCCL_OK; /* its device work has finished */

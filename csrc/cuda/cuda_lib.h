@@ -117,8 +117,9 @@ void xccl_cuda_ipc_close(void *mapped);
  * rule: every such call is made between xccl_cuda_sync_begin() returning 1 and
  * xccl_cuda_sync_end(), which hold off new gate waits meanwhile (one recursive mutex). When
  * begin returns 0 - some stream waits for a closed gate - the caller goes without the call
- * for now: it tries again later (mapping a peer's buffer), takes a way that needs none
- * (cuMemAllocAsync, no pinning), or hands a release to xccl_cuda_release, which makes it at
+ * and never waits for it: it takes a way that needs none (messages instead of a peer's mapped
+ * buffer, the buffer mapped later; cuMemAllocAsync; no pinning), or hands a release to
+ * xccl_cuda_release, which makes it at
  * once or, deferred, when no stream waits any more (the next guarded call or device operation
  * posted). Every kernel is loaded when the device is chosen, before any operation, so that no
  * lazy loading (CUDA_MODULE_LOADING=LAZY, the default since CUDA 12.2) happens later. */

@@ -17,7 +17,11 @@
  * import_mem answers XCCL_INPROGRESS (the algorithm falls back to messages for that call) and
  * keeps the blob; the next device operation posted opens it, if no stream waits then
  * (xccl_cuda_peer_warm), so that a training loop whose first steps waited early maps its
- * buffers for the steps after.
+ * buffers for the steps after. A kept blob may describe memory its owner has freed since: it
+ * is forgotten once anything of that owner overlapping it is mapped (that is newer, or the
+ * same), and never looked up in a way that would retire a newer mapping as stale. A process
+ * whose streams always wait for some operation never gets to map: after REFUSALS_WARN
+ * refusals in a row it says so, once.
  *
  * Memory legacy IPC cannot export (cudaMallocAsync pools, VMM allocations such as PyTorch's
  * expandable segments) answers XCCL_ERR_NOT_SUPPORTED: the algorithm then falls back to
@@ -35,7 +39,8 @@
 #define BLOB_MAGIC  0x78636370u /* "xccp" */
 #define EXPORT_CAP  1024
 #define IMPORT_CAP  1024
-#define PENDING_CAP 64 /* blobs refused for now, to open later (newest kept) */
+#define PENDING_CAP    64  /* blobs refused for now, to open later (newest kept) */
+#define REFUSALS_WARN  256 /* refusals in a row before the one warning           */
 
 typedef struct peer_blob {
     uint32_t magic;
@@ -55,6 +60,8 @@ static int             caches_ready;
 static peer_blob_t     pending[PENDING_CAP];
 static int             npending;
 static _Atomic int     any_pending; /* npending > 0, read without mu */
+static unsigned        refusals;    /* in a row                      */
+static int             warned;
 
 static void close_mapping(void *arg, void *mapped)
 {
@@ -135,14 +142,33 @@ static xccl_status_t open_into_cache(const peer_blob_t *b, ipc_entry_t **out)
     return XCCL_OK;
 }
 
-/* Keeps a refused blob for xccl_cuda_peer_warm (once per allocation; the oldest goes). */
+/* Forgets the kept blobs of `pid` overlapping [base, base + size). Under mu. */
+static void pending_drop(int32_t pid, uint64_t base, uint64_t size)
+{
+    int n = 0;
+
+    for (int i = 0; i < npending; i++)
+        if (pending[i].pid != pid || base >= pending[i].base + pending[i].size ||
+            pending[i].base >= base + size)
+            pending[n++] = pending[i];
+    npending = n;
+    if (n == 0) atomic_store_explicit(&any_pending, 0, memory_order_relaxed);
+}
+
+/* Keeps a refused blob for xccl_cuda_peer_warm, as the newest (the oldest goes). Under mu. */
 static void pending_add(const peer_blob_t *b)
 {
-    for (int i = 0; i < npending; i++)
-        if (pending[i].pid == b->pid && pending[i].buf_id == b->buf_id) return;
+    pending_drop(b->pid, b->base, b->size); /* an older blob of that range, or this one */
     if (npending == PENDING_CAP) memmove(pending, pending + 1, --npending * sizeof(*pending));
     pending[npending++] = *b;
     atomic_store_explicit(&any_pending, 1, memory_order_relaxed);
+    if (++refusals == REFUSALS_WARN && !warned) {
+        warned = 1;
+        XCCL_WARN("cuda: %u mappings of peers' buffers in a row were refused because a stream "
+                  "always waited for an xccl operation: the one-host collectives run through "
+                  "messages instead (slower). A synchronisation now and then, or "
+                  "XCCL_CUDA_WAIT=cpu, lets them map their buffers.", refusals);
+    }
 }
 
 void xccl_cuda_peer_warm(void)
@@ -154,11 +180,13 @@ void xccl_cuda_peer_warm(void)
     if (npending > 0 && xccl_cuda_sync_begin()) {
         for (int i = 0; i < npending; i++) {
             const peer_blob_t *b = &pending[i];
-            ipc_entry_t       *e = ipc_cache_get(&imported, b->pid, b->buf_id, b->base, b->size);
+            ipc_entry_t       *e = NULL;
+            /* mapped meanwhile, or something newer of that owner is: nothing to do (see top) */
+            if (ipc_cache_overlaps(&imported, b->pid, b->base, b->size)) continue;
             /* a failure (the owner freed it meanwhile, say) only means no head start */
-            if (e == NULL && open_into_cache(b, &e) != XCCL_OK)
+            if (open_into_cache(b, &e) != XCCL_OK)
                 XCCL_TRACE("cuda import: opening a peer's buffer ahead: %s", xccl_last_error());
-            if (e != NULL) ipc_cache_put(&imported, e);
+            else ipc_cache_put(&imported, e);
         }
         npending = 0;
         atomic_store_explicit(&any_pending, 0, memory_order_relaxed);
@@ -201,6 +229,8 @@ xccl_status_t xccl_cuda_import_mem(const void *blob, size_t len, void **ptr)
     }
     *ptr = (char *)e->mapped + b.offset;
     ipc_cache_put(&imported, e); /* kept mapped by the cache (see the top) */
+    refusals = 0;
+    if (npending > 0) pending_drop(b.pid, b.base, b.size);
     pthread_mutex_unlock(&mu);
     return XCCL_OK;
 }

@@ -41,6 +41,13 @@ static int overlaps(const ipc_entry_t *e, uint64_t base, uint64_t size)
     return base < e->base + e->size && e->base < base + size;
 }
 
+int ipc_cache_overlaps(const ipc_cache_t *c, int peer, uint64_t base, uint64_t size)
+{
+    for (const ipc_entry_t *e = c->live; e != NULL; e = e->next)
+        if (e->peer == peer && overlaps(e, base, size)) return 1;
+    return 0;
+}
+
 ipc_entry_t *ipc_cache_get(ipc_cache_t *c, int peer, uint64_t buf_id, uint64_t base, uint64_t size)
 {
     ipc_entry_t *hit = NULL;

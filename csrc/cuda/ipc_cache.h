@@ -53,6 +53,10 @@ void ipc_cache_init(ipc_cache_t *c, int cap, void (*close)(void *, void *), void
  * now, or when their last reference goes). */
 ipc_entry_t *ipc_cache_get(ipc_cache_t *c, int peer, uint64_t buf_id, uint64_t base, uint64_t size);
 
+/* 1 when a live entry of `peer` overlaps [base, base + size), whatever its buffer id; no side
+ * effect (unlike ipc_cache_get, which takes the range as the newest allocation there). */
+int ipc_cache_overlaps(const ipc_cache_t *c, int peer, uint64_t base, uint64_t size);
+
 /* Adds an entry (with one reference); evicts least recently used unreferenced ones beyond the
  * cap. NULL when out of memory (the caller closes `mapped` itself then). */
 ipc_entry_t *ipc_cache_add(ipc_cache_t *c, int peer, uint64_t buf_id, uint64_t base, uint64_t size,

@@ -281,7 +281,7 @@ static void fdev_host_release(void *p)
  * fdev_refuse_import = k refuses every k-th import for now (XCCL_INPROGRESS), as the device
  * layer does while a caller's stream waits for a gate. */
 static int      fdev_no_export;
-static unsigned fdev_refuse_import, fdev_imports;
+static unsigned fdev_refuse_import, fdev_imports, fdev_refused;
 #define FDEV_BLOB_MAGIC 0x66646576626c6f62ull
 
 static xccl_status_t fdev_export(const void *ptr, size_t nbytes, void *blob, size_t *len)
@@ -299,7 +299,10 @@ static xccl_status_t fdev_import(const void *blob, size_t len, void **ptr)
     if (len != sizeof(b)) return XCCL_ERR_INVALID_ARG;
     memcpy(b, blob, sizeof(b));
     if (b[0] != FDEV_BLOB_MAGIC) return XCCL_ERR_INVALID_ARG;
-    if (fdev_refuse_import > 0 && ++fdev_imports % fdev_refuse_import == 0) return XCCL_INPROGRESS;
+    if (fdev_refuse_import > 0 && ++fdev_imports % fdev_refuse_import == 0) {
+        fdev_refused++;
+        return XCCL_INPROGRESS;
+    }
     *ptr = (void *)(uintptr_t)b[1];
     return XCCL_OK;
 }
