@@ -997,55 +997,35 @@ def test_ddp_peer_failure_raises(tmp_path):
     assert res[0] is True
 
 
-def test_ddp_parity_with_gloo(tmp_path):
-    """examples/ddp_train.py trains on xccl and on gloo; the parameters must be allclose."""
+def _run_example(tmp_path, name: str, steps: int):
+    """Runs examples/<name>_train.py on 2 ranks (xcclc, then gloo); returns its stdout and the
+    two backends' final parameters."""
     out = subprocess.run(
-        [
-            sys.executable,
-            os.path.join(ROOT, "examples", "ddp_train.py"),
-            "--nproc",
-            "2",
-            "--steps",
-            "6",
-            "--out-dir",
-            str(tmp_path),
-        ],
+        [sys.executable, os.path.join(ROOT, "examples", f"{name}_train.py"), "--nproc", "2",
+         "--steps", str(steps), "--out-dir", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=170,
         check=False,
     )
     assert out.returncode == 0, out.stdout + out.stderr
-    a = torch.load(tmp_path / "ddp_xcclc.pt")
-    b = torch.load(tmp_path / "ddp_gloo.pt")
+    return (out.stdout, torch.load(tmp_path / f"{name}_xcclc.pt"),
+            torch.load(tmp_path / f"{name}_gloo.pt"))
+
+
+def test_ddp_parity_with_gloo(tmp_path):
+    """examples/ddp_train.py trains on xccl and on gloo; the parameters must be allclose."""
+    stdout, a, b = _run_example(tmp_path, "ddp", 6)
     assert a.keys() == b.keys()
     for k in a:
         assert torch.allclose(a[k], b[k], rtol=1e-5, atol=1e-6), k
-    assert "allclose" in out.stdout
+    assert "allclose" in stdout
 
 
 def test_fsdp_example_matches_gloo(tmp_path):
     """examples/fsdp_train.py (FSDP2, 1-D mesh) trains on xccl and on gloo; the parameters
     must be allclose (here: bit-identical, 2 ranks), and must have been trained."""
-    out = subprocess.run(
-        [
-            sys.executable,
-            os.path.join(ROOT, "examples", "fsdp_train.py"),
-            "--nproc",
-            "2",
-            "--steps",
-            "3",
-            "--out-dir",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=170,
-        check=False,
-    )
-    assert out.returncode == 0, out.stdout + out.stderr
-    a = torch.load(tmp_path / "fsdp_xcclc.pt")
-    b = torch.load(tmp_path / "fsdp_gloo.pt")
+    stdout, a, b = _run_example(tmp_path, "fsdp", 3)
     assert a.keys() == b.keys() and len(a) == 6
     for k in a:
         assert torch.equal(a[k], b[k]), k
@@ -1056,7 +1036,7 @@ def test_fsdp_example_matches_gloo(tmp_path):
         sys.path.pop(0)
     init = fsdp_train.make_model().state_dict()
     assert max((a[k] - init[k]).abs().max().item() for k in a) > 1e-3
-    assert "-> allclose" in out.stdout
+    assert "-> allclose" in stdout
     assert fsdp_train.parse_mesh(None, 4) == (4,)
     assert fsdp_train.parse_mesh("2x2", 4) == (2, 2)
     for bad in ("2x3", "4", "ax2", "0x4"):

@@ -23,7 +23,9 @@
 #                 larger XCCL_GPU_BUDGET_S): torch's own distributed tests on CUDA tensors,
 #                 xcclc against gloo (tests/torch_suite/run_suite.py --device cuda --gates gloo,
 #                 world size = GPUs, so 1 on one GPU; the tests torch would skip for want of
-#                 GPUs are set aside with their reasons; no test starts in its last 40 s)
+#                 GPUs are set aside with their reasons; no test starts in its last 40 s;
+#                 skipped without the expecttest module, which torch's test files import:
+#                 install its wheel first, e.g. pip install --no-index --target /tmp/site)
 # It needs no network (no pip). Everything is written under $OUT (default ./gpu-out): one log
 # per phase, machine.txt, gpu_tests.xml, compare/gpu.md and gpu.json (the benchmark report
 # with the targets), torch_suite.json and summary.txt, which is also printed at the end.
@@ -34,7 +36,7 @@
 
 set -u -o pipefail
 
-usage() { sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; }
 
 QUICK=0
 DRY=0
@@ -224,6 +226,9 @@ if [ ! -f tests/torch_suite/run_suite.py ]; then
     skip torch_suite "no tests/torch_suite/run_suite.py in this tree"
 elif [ "$SUITE_LEFT" -lt "$SUITE_MIN_S" ]; then
     skip torch_suite "${SUITE_LEFT}s of the budget left, it needs ${SUITE_MIN_S}s"
+elif [ "$DRY" = 0 ] && ! "$PY" -c 'import expecttest' > /dev/null 2>&1; then
+    # torch's test files import it; the GPU image lacks it: carry its wheel (no network there)
+    skip torch_suite "no expecttest module (torch's test files need it): install its wheel first"
 else
     phase torch_suite "$SUITE_LEFT" 0 "$PY" tests/torch_suite/run_suite.py --device cuda \
         --gpus "$NGPU" --gates gloo --timeout 30 --budget $((SUITE_LEFT - 40)) \
