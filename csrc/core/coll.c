@@ -58,8 +58,12 @@ const char *xccl_fp_str(uint64_t fp, char *buf, size_t len)
 /* Requests                                                                                    */
 /* ------------------------------------------------------------------------------------------ */
 
+/* The queue a task's executor operations run on: its communicator's. */
+static void *task_queue(const xccl_task_t *t)
+{
+    return xccl_comm_queue_of(t->work->comm, t->args.mem);
+}
 
-static void *task_queue(const xccl_task_t *t); /* its communicator's executor queue */
 static void req_init(xccl_req_t *r, xccl_work_t *w, req_kind_t kind, int world_peer, void *buf,
                      size_t nbytes, uint64_t tag)
 {
@@ -774,12 +778,9 @@ static xccl_status_t comm_usable(const xccl_comm_t *comm, const char *what)
     return XCCL_OK;
 }
 
-/* Device memory, before anything of the operation is queued: takes its completion gate and
- * marks where the caller's stream stands (exec.h "streams"): while that point is ahead, the
- * operation waits in w->ready_ev. */
 void *xccl_comm_queue(xccl_comm_t *comm, const xccl_exec_ops_t *exec)
 {
-    void *q = atomic_load_explicit(&comm->queue[exec->mem], memory_order_acquire), *none = NULL;
+    void *q = xccl_comm_queue_of(comm, exec->mem), *none = NULL;
 
     if (q != NULL || exec->queue_new == NULL) return q;
     if (exec->queue_new(&q) != XCCL_OK) {
@@ -795,12 +796,9 @@ void *xccl_comm_queue(xccl_comm_t *comm, const xccl_exec_ops_t *exec)
     return q;
 }
 
-/* The queue a task's executor operations run on: its communicator's. */
-static void *task_queue(const xccl_task_t *t)
-{
-    return atomic_load_explicit(&t->work->comm->queue[t->args.mem], memory_order_acquire);
-}
-
+/* Device memory, before anything of the operation is queued: takes its completion gate and
+ * marks where the caller's stream stands (exec.h "streams"): while that point is ahead, the
+ * operation waits in w->ready_ev. */
 static xccl_status_t exec_prepare(xccl_work_t *w, const xccl_exec_ops_t *exec, void *stream)
 {
     xccl_status_t st;

@@ -573,6 +573,12 @@ void          xccl_coll_break(xccl_comm_t *comm, uint64_t seq, const char *why);
 /* The communicator's queue for executor `exec` (core.h xccl_comm.queue), made on first use;
  * NULL (the executor's default) when it has no queues or making one failed. Any thread. */
 void         *xccl_comm_queue(xccl_comm_t *comm, const struct xccl_exec_ops *exec);
+/* The queue of memory type `mem` as it stands (NULL: none made yet, the executor's default):
+ * what the operations of `comm` on that memory run on. Any thread. */
+static inline void *xccl_comm_queue_of(const xccl_comm_t *comm, xccl_mem_type_t mem)
+{
+    return atomic_load_explicit(&comm->queue[mem], memory_order_acquire);
+}
 /* "send (p2p, tag T) on comm 'C' failed on rank R: <detail>" into buf; returns buf */
 const char   *xccl_p2p_error(const xccl_work_t *w, const char *detail, char *buf, size_t len);
 /* Adds a posted Work to the active list; unless `blocking`, counts it for the background

@@ -39,15 +39,6 @@
 /* Bootstrap helpers                                                                           */
 /* ------------------------------------------------------------------------------------------ */
 
-
-/* The executor queue a request's staging copies run on: its operation's communicator's. */
-static void *req_queue(const xccl_req_t *r, const xccl_exec_ops_t *ex)
-{
-    return r->work != NULL
-               ? atomic_load_explicit(&r->work->comm->queue[ex->mem], memory_order_acquire)
-               : NULL;
-}
-
 static uint64_t hash64(const void *data, size_t len, uint64_t seed)
 {
     uint8_t       digest[XCCL_SHA256_LEN];
@@ -165,6 +156,13 @@ static xccl_status_t stage_out_failed(const xccl_req_t *r, xccl_status_t st)
 }
 
 static void stage_drain(xccl_ctx_t *ctx);
+
+/* The executor queue a request's staging copies run on: its operation's communicator's. */
+static void *req_queue(const xccl_req_t *r, xccl_mem_type_t mem)
+{
+    return r->work != NULL ? xccl_comm_queue_of(r->work->comm, mem) : NULL;
+}
+
 static void sbuf_release(xccl_sbuf_t *b);
 
 static void ctx_free(xccl_ctx_t *ctx)
@@ -1173,7 +1171,7 @@ static void umsg_deliver(xccl_ctx_t *ctx, xccl_umsg_t *u, xccl_req_t *r)
                         u->src, xccl_mem_type_name(r->mem));
     } else if (st == XCCL_OK && u->hdr.nbytes > 0) {
         void *ev = NULL;
-        st       = ex->copy(req_queue(r, ex), r->buf, u->data, u->hdr.nbytes, &ev);
+        st       = ex->copy(req_queue(r, ex->mem), r->buf, u->data, u->hdr.nbytes, &ev);
         if (st == XCCL_INPROGRESS) {
             r->ev    = ev;
             r->umsg  = u;
@@ -1405,7 +1403,7 @@ static void stage_recv_copy(xccl_ctx_t *ctx, xccl_req_t *r, xccl_status_t st)
                         "type in this process",
                         r->src, xccl_mem_type_name(r->mem));
     if (st == XCCL_OK && r->received > 0) {
-        st = ex->copy(req_queue(r, ex), r->buf, r->sbuf->p, r->received, &ev);
+        st = ex->copy(req_queue(r, ex->mem), r->buf, r->sbuf->p, r->received, &ev);
         if (st == XCCL_INPROGRESS) {
             r->ev       = ev;
             r->tp       = -1;
@@ -1627,7 +1625,7 @@ static int stage_progress(xccl_ctx_t *ctx)
                 st = XCCL_ERR_NOT_SUPPORTED;
                 goto copy_failed;
             }
-            st = ex->copy(req_queue(r, ex), r->sbuf->p, r->buf, r->nbytes, &ev);
+            st = ex->copy(req_queue(r, ex->mem), r->sbuf->p, r->buf, r->nbytes, &ev);
             if (st == XCCL_INPROGRESS) {
                 r->ev   = ev;
                 copying = 1;
@@ -1716,7 +1714,7 @@ xccl_status_t xccl_req_post_send(xccl_ctx_t *ctx, xccl_req_t *r)
                 return XCCL_ERROR(XCCL_ERR_NOT_SUPPORTED,
                                   "send to self from %s memory: no executor for that memory "
                                   "type in this process", xccl_mem_type_name(m));
-            st = ex->copy(req_queue(r, ex), dst.ptr, r->buf, hdr.nbytes, &ev);
+            st = ex->copy(req_queue(r, ex->mem), dst.ptr, r->buf, hdr.nbytes, &ev);
             while (st == XCCL_INPROGRESS) st = ex->test(ev);
             if (st < 0) return st;
         }

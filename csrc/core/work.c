@@ -103,9 +103,7 @@ void xccl_work_activate(xccl_work_t *w, int blocking)
 
     /* device work: its caller usually does not wait on the CPU (a stream waits for its
      * gate), so the thread takes it over now rather than at its next tick */
-    if (w->gate_exec != NULL) {
-        ctx->ndevice++;
-    }
+    if (w->gate_exec != NULL) ctx->ndevice++;
     if (!blocking) count_async(ctx, w, w->gate_exec != NULL);
     /* one clock read serves the enqueue time and the deadline */
     w->t_enq       = xccl_now_ns();

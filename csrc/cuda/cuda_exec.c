@@ -266,14 +266,14 @@ static xccl_status_t launch(CUfunction f, size_t count, size_t esize, void **arg
     return rc == CUDA_SUCCESS ? XCCL_OK : xccl_cuda_fail(rc, what);
 }
 
-/* Records an event after the work just queued on xccl's stream: XCCL_INPROGRESS with *ev. When
- * that fails the work is still queued: wait for it, so the caller may free its buffers. */
 /* The stream of executor queue q (exec.h): a communicator's, or xccl's own for NULL. */
 static CUstream q_stream(void *q)
 {
     return q != NULL ? (CUstream)q : xccl_cuda_stream();
 }
 
+/* Records an event after the work just queued on queue q: XCCL_INPROGRESS with *ev. When that
+ * fails the work is still queued: wait for it, so the caller may free its buffers. */
 static xccl_status_t finish(void *q, void **ev)
 {
     CUstream s = q_stream(q);

@@ -39,8 +39,8 @@ CUDA tensors (the backend is registered for ``"cpu"`` and ``"cuda"``), with the 
 of torch's NCCL backend: an operation runs after the work queued on the current stream of
 its tensors' GPU when it is called; ``Work.wait()`` makes the current stream wait for it
 without waiting on the CPU (:mod:`xccl.cuda`, Streams; ``XCCL_CUDA_WAIT=cpu`` makes it a CPU
-wait); ``get_future()``
-gives a CUDA-aware future that completes once the device work has finished. Outputs that go
+wait); ``get_future()`` gives a CUDA-aware future that completes once the device work has
+finished. Outputs that go
 through a temporary (non-contiguous tensors, tensor lists) are copied on the call's stream
 after the operation, so such a call waits like ``wait()`` before it returns. Collectives are
 refused inside a CUDA graph capture. A Python backend cannot be one device's backend of a

@@ -309,9 +309,8 @@ typedef struct xccl_p2p_opts {
  * stream-ordered allocator, sends a message through host memory, runs a one-host "devmap"
  * collective through messages for that call (every rank with it), or defers a release. No
  * operation is ever held up by such a refusal, so a stream may wait for any operation as soon
- * as it is posted. A collective
- * that fails after a stream started waiting breaks its communicator (later calls fail with
- * its error). The same holds for other threads of the process: one that frees device memory
+ * as it is posted. A collective that fails after a stream started waiting breaks its
+ * communicator (later calls fail with its error). The same holds for other threads of the process: one that frees device memory
  * while a stream waits only waits for that operation, which completes without it. */
 
 /* Messages between a pair with the same tag are matched in posting order. A receive buffer
