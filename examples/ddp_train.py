@@ -116,6 +116,10 @@ def compare(files: dict[str, str], rtol: float = 1e-5, atol: float = 1e-6) -> bo
     ok = True
     for name in names[1:]:
         other = torch.load(files[name])
+        if other.keys() != ref.keys():
+            print(f"{names[0]} vs {name}: different parameters -> DIFFERENT")
+            ok = False
+            continue
         diff = max((ref[k] - other[k]).abs().max().item() for k in ref)
         same = all(torch.allclose(ref[k], other[k], rtol=rtol, atol=atol) for k in ref)
         print(

@@ -135,10 +135,10 @@ def run(
     nproc: int,
     steps: int,
     out_dir: str,
-    device: str = "cpu",
-    shape: Optional[tuple[int, ...]] = None,
+    device: str,
+    shape: tuple[int, ...],
 ) -> str:
-    """Trains on `nproc` spawned processes with `backend` on a mesh of `shape` (default 1-D);
+    """Trains on `nproc` spawned processes with `backend` on a mesh of `shape` (parse_mesh);
     returns the parameters' file."""
     out = os.path.join(out_dir, f"fsdp_{backend}.pt")
     with tempfile.TemporaryDirectory(prefix="fsdp-train-") as tmp:
@@ -151,7 +151,7 @@ def run(
                 steps,
                 out,
                 device,
-                shape or (nproc,),
+                shape,
             ),
             nprocs=nproc,
             join=True,

@@ -85,15 +85,14 @@ TOLERANCES: dict[str, tuple[tuple[float, float], tuple[float, float]]] = {
 MOVED = 1e-3  # the least a reference training must change some parameter by
 
 
-def init(rank: int, ws: int, store: str, dev: str, backend: str = "xcclc") -> Any:
-    """Joins torch's default group (`backend`, a file store); on CUDA every rank uses GPU 0."""
+def init(rank: int, ws: int, store: str, dev: str) -> None:
+    """Joins torch's default group on xcclc (a file store); on CUDA every rank uses GPU 0."""
     import xccl.torch  # noqa: F401 - registers "xcclc"
 
     if dev == "cuda":
         torch.cuda.set_device(0)
-    dist.init_process_group(backend, init_method=f"file://{store}", rank=rank,
-                            world_size=ws, timeout=GROUP_TIMEOUT)
-    return dist
+    dist.init_process_group("xcclc", init_method=f"file://{store}", rank=rank, world_size=ws,
+                            timeout=GROUP_TIMEOUT)
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
@@ -360,9 +359,9 @@ def run_kinds(rank: int, ws: int, dev: str, kinds: tuple[str, ...]) -> dict[str,
     res: dict[str, Any] = {"results": {b: {} for b in BACKENDS}, "reference": {},
                            "initial": initial_params(dev), "errors": []}
     try:
-        two_d = any(k == "hsdp" for k in kinds)
-        mesh = meshes(dev, ws, two_d=False)
-        mesh2 = meshes(dev, ws, two_d=True) if two_d else None
+        # each mesh makes groups on both backends: only those a kind here uses
+        mesh = meshes(dev, ws, two_d=False) if any(k != "hsdp" for k in kinds) else None
+        mesh2 = meshes(dev, ws, two_d=True) if "hsdp" in kinds else None
     except Exception:
         res["errors"].append(f"rank {rank} meshes:\n{traceback.format_exc()}")
         return res
